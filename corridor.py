@@ -1,0 +1,291 @@
+"""
+corridor.py: read nanoCorridor run directories and report where the heads' γ ended up.
+
+Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first
+layer learn γ ∈ (−1, 0), the "convex corridor". This script checks that on our own runs:
+
+    python corridor.py out/mix_s0 [out/attn_s0 ...] [--out=DIR]
+
+It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ),
+then, given several runs, a table sorted by final val loss and the seed-averaged groups. It writes
+PNG figures into DIR (default: the first run's directory) and prints their paths.
+A run directory is what train.py writes: config.json and log.jsonl (see load_run).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+FIXED_OPS = ("attention", "laplacian")  # ops whose per-head (γ, δ) are not learned
+# the controls train.py accepts, with their defaults; a run's label lists only the ones it changed
+CONTROLS = {"gamma_init": 0.0, "delta_init": 1.0, "learn_gamma": True, "learn_delta": True,
+            "gamma_min": None, "laplacian_heads": None}
+# config keys that do not change the experiment: runs differing only in these are repeats (seeds)
+NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
+
+
+def load_run(path):
+    """Read config.json and log.jsonl of one run directory; raise ValueError with one clear line if it is not usable."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: does not exist")
+    if not os.path.isdir(path):
+        raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
+    missing = [f for f in ("config.json", "log.jsonl") if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise ValueError(f"{path}: not a run directory, missing {' and '.join(missing)} (train.py writes them)")
+    cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
+    try:
+        with open(cfg_path) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object")
+    with open(log_path) as f:
+        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    records, warnings = [], []
+    for k, (lineno, line) in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if k == len(lines) - 1:  # a run killed mid-write leaves half a line: keep everything before it
+                warnings.append(f"{log_path}:{lineno}: last line is cut off, skipped it")
+                continue
+            raise ValueError(f"{log_path}:{lineno}: invalid JSON in the middle of the log") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{log_path}:{lineno}: expected a JSON object")
+        if rec.get("event") == "eval":
+            for key in ("iter", "val_loss", "gamma", "delta"):
+                if key not in rec:
+                    raise ValueError(f"{log_path}:{lineno}: eval record has no '{key}'")
+            try:
+                shapes = np.array(rec["gamma"], dtype=float).shape, np.array(rec["delta"], dtype=float).shape
+            except (ValueError, TypeError):  # ragged or non-numeric
+                shapes = None, None
+            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1]:
+                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be layer x head lists")
+        records.append(rec)
+    evals = [r for r in records if r.get("event") == "eval"]
+    if not evals:
+        raise ValueError(f"{log_path}: no eval record yet (train.py logs the first one at iter 0)")
+    name = os.path.basename(os.path.normpath(path))
+    return {"name": name, "path": path, "config": config, "records": records, "evals": evals, "warnings": warnings}
+
+
+def controls(config):
+    """The controls this run changed from their defaults, as {name: value}."""
+    return {k: config[k] for k, default in CONTROLS.items() if k in config and config[k] != default}
+
+
+def describe(run):
+    """Short human label: op, changed controls, seed."""
+    cfg = run["config"]
+    parts = [str(cfg.get("op", "?"))] + [f"{k}={v}" for k, v in controls(cfg).items()]
+    if "seed" in cfg:
+        parts.append(f"seed={cfg['seed']}")
+    return " ".join(parts)
+
+
+def learns_gamma(run):
+    return run["config"].get("op") not in FIXED_OPS and run["config"].get("learn_gamma", True)
+
+
+def summarize(run):
+    """The numbers of one run at its final eval (corridor counts are None for fixed ops)."""
+    last = run["evals"][-1]
+    gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
+    inside = (gamma > -1.0) & (gamma < 0.0)  # open interval: −1 (Laplacian) and 0 (attention) are its endpoints
+    best = min(run["evals"], key=lambda r: r["val_loss"])
+    tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
+    op = run["config"].get("op")
+    s = {"name": run["name"], "label": describe(run), "op": op, "controls": controls(run["config"]),
+         "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
+         "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
+         "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
+         "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
+         "fixed": None, "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
+    if op == "attention":
+        s["fixed"] = "attention: γ=0, δ=1 fixed"
+    elif op == "laplacian":
+        k = int((gamma[0] == -1.0).sum())
+        s["fixed"] = f"laplacian: {k} of {gamma.shape[1]} heads per layer γ=−1, δ=−1, the rest attention; fixed"
+    else:
+        s["n_in"], s["frac_in"] = int(inside.sum()), float(inside.mean())
+        if gamma.shape[0] > 1:
+            s["n_in_deep"], s["frac_deep"] = int(inside[1:].sum()), float(inside[1:].mean())
+    return s
+
+
+def sample_std(x):
+    return float(np.std(x, ddof=1)) if len(x) > 1 else None  # a sample std needs at least two runs
+
+
+def compare(runs):
+    """Table rows sorted by final val loss, and seed groups (mean ± sample std), both with the gap to attention."""
+    sums = [summarize(r) for r in runs]
+    attn = [s["final_val"] for s in sums if s["op"] == "attention"]
+    base = float(np.mean(attn)) if attn else None  # the attention baseline: mean over all attention runs
+    rows = sorted(sums, key=lambda s: s["final_val"])
+    for s in rows:
+        s["vs_attention"] = None if base is None else s["final_val"] - base
+    groups = {}
+    for run, s in zip(runs, sums):
+        key = json.dumps({k: v for k, v in run["config"].items()
+                          if k not in NOT_EXPERIMENT and not k.startswith("wandb")}, sort_keys=True)
+        groups.setdefault(key, []).append(s)
+    # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
+    cfgs = {key: json.loads(key) for key in groups}
+    varying = sorted({k for c in cfgs.values() for k in c if len({json.dumps(d.get(k)) for d in cfgs.values()}) > 1})
+    out = []
+    for key, members in groups.items():
+        cfg = cfgs[key]
+        val = np.array([m["final_val"] for m in members])
+        deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
+        label = [str(cfg.get("op", "?"))] + [f"{k}={cfg.get(k)}" for k in varying
+                                             if k != "op" and not (k in CONTROLS and cfg.get(k) == CONTROLS[k])]
+        out.append({"label": " ".join(label),
+                    "op": cfg.get("op"), "names": [m["name"] for m in members], "n": len(members),
+                    "val_mean": float(val.mean()), "val_std": sample_std(val),
+                    "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
+                    "vs_attention": None if base is None else float(val.mean()) - base})
+    return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"]), "attention_val": base}
+
+
+def plot(runs, out_dir):
+    """Write the figures into out_dir and return their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+
+    def save(fig, fname):
+        path = os.path.join(out_dir, fname)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+
+    with plt.rc_context({"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}):
+        run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures are about one learned run
+        if run is not None:
+            evals = run["evals"]
+            use_tokens = all("tokens" in r for r in evals)
+            x = [r["tokens"] if use_tokens else r["iter"] for r in evals]
+            title = f"{run['name']}: {describe(run)}"
+            colours = plt.get_cmap("tab10")
+            for key, sym in (("gamma", "γ"), ("delta", "δ")):
+                vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
+                fig, ax = plt.subplots(figsize=(11, 6.5))
+                if key == "gamma":
+                    ax.axhspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)")
+                for layer in range(vals.shape[1]):
+                    for head in range(vals.shape[2]):
+                        ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
+                                label=f"layer {layer + 1}" if head == 0 else None)
+                ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel=f"{sym} per head",
+                       title=f"{sym} of every head over training\n{title}")
+                ax.legend(loc="best")
+                ax.grid(alpha=0.3)
+                save(fig, f"{key}_{run['name']}.png")
+            g = np.array(evals[-1]["gamma"], dtype=float)
+            lim = max(1.0, float(np.abs(g).max()))
+            fig, ax = plt.subplots(figsize=(max(6, 1.6 * g.shape[1] + 3), max(4, 1.0 * g.shape[0] + 2.5)))
+            im = ax.imshow(g, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+            for (layer, head), v in np.ndenumerate(g):
+                ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=14,
+                        color="white" if abs(v) > 0.6 * lim else "black")
+            ax.set(xticks=range(g.shape[1]), xticklabels=range(1, g.shape[1] + 1), xlabel="head",
+                   yticks=range(g.shape[0]), yticklabels=range(1, g.shape[0] + 1), ylabel="layer",
+                   title=f"final γ (iter {evals[-1]['iter']})\n{title}")
+            fig.colorbar(im, ax=ax, label="γ")
+            save(fig, f"gamma_final_{run['name']}.png")
+        fig, ax = plt.subplots(figsize=(11, 6.5))
+        use_tokens = all("tokens" in r for run in runs for r in run["evals"])
+        for run in runs:
+            ax.plot([r["tokens"] if use_tokens else r["iter"] for r in run["evals"]],
+                    [r["val_loss"] for r in run["evals"]], marker="o", label=f"{run['name']} ({describe(run)})")
+        ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel="val loss", title="validation loss")
+        ax.legend(loc="best")
+        ax.grid(alpha=0.3)
+        save(fig, "val_loss.png")
+    return paths
+
+
+def fmt(v, spec="+.4f"):
+    return "n/a" if v is None else format(v, spec)
+
+
+def report(runs):
+    """Print the per-run summaries and, for several runs, the comparison."""
+    for run in runs:
+        s = summarize(run)
+        tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
+        print(f"== {s['name']}  ({s['label']})")
+        print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} (iter {s['best_iter']}),"
+              f" final {s['final_val']:.4f} (iter {s['final_iter']})")
+        if s["fixed"]:
+            print(f"   {s['fixed']}")
+            continue
+        n = s["n_layer"] * s["n_head"]
+        deep = (f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
+                if s["frac_deep"] is not None else "no layers beyond layer 1")
+        print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
+        print("   layer   mean γ   mean δ")
+        for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
+            print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")
+    if len(runs) < 2:
+        return
+    c = compare(runs)
+    print("\n== runs by final val loss" + ("" if c["attention_val"] is None else " (vs attention: minus mean attention val loss)"))
+    wn, wl = max(len(s["name"]) for s in c["rows"]), max(len(s["label"]) for s in c["rows"])  # column widths
+    print(f"   {'run':{wn}s} {'label':{wl}s} {'final val':>9s} {'best val':>9s} {'vs attn':>8s} {'corridor>L1':>11s}")
+    for s in c["rows"]:
+        deep = "fixed" if s["fixed"] else fmt(s["frac_deep"], ".0%")
+        print(f"   {s['name']:{wn}s} {s['label']:{wl}s} {s['final_val']:9.4f} {s['best_val']:9.4f}"
+              f" {fmt(s['vs_attention']):>8s} {deep:>11s}")
+    if any(g["n"] > 1 for g in c["groups"]):
+        print("\n== seed groups (mean ± sample std over runs that differ only in seed)")
+        wg = max(len(g["label"]) for g in c["groups"])
+        print(f"   {'group':{wg}s} {'n':>2s} {'final val':>17s} {'vs attn':>8s} {'corridor>L1':>13s}")
+        for g in c["groups"]:
+            val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
+            deep = "fixed" if g["op"] in FIXED_OPS else (
+                "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
+            print(f"   {g['label']:{wg}s} {g['n']:2d} {val:>17s} {fmt(g['vs_attention']):>8s} {deep:>13s}")
+
+
+def main(argv):
+    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR]"
+    out, paths = None, []
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print(usage)
+            return 0
+        if arg.startswith("--out="):
+            out = arg[len("--out="):]
+        elif arg.startswith("--"):
+            print(f"error: unknown option {arg} ({usage})", file=sys.stderr)
+            return 1
+        else:
+            paths.append(arg)
+    if not paths or out == "":
+        print(f"error: {'--out= needs a directory' if paths else 'no run directory given'} ({usage})", file=sys.stderr)
+        return 1
+    try:
+        runs = [load_run(p) for p in paths]
+        for run in runs:
+            for w in run["warnings"]:
+                print(f"warning: {w}", file=sys.stderr)
+        report(runs)
+        written = plot(runs, out or runs[0]["path"])
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\nwrote " + "\n      ".join(written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
