@@ -1,0 +1,172 @@
+"""Tests for corridor.py on synthetic run directories with known values. Run: python -m pytest -q test_corridor.py"""
+import json
+
+import pytest
+
+import corridor
+
+# final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are endpoints, not inside
+GAMMA = [[-0.5, -0.2, 0.3, -1.0],
+         [-0.5, 0.0, -1.0, -0.99],
+         [-0.1, -0.9, 0.5, -1.5]]
+DELTA = [[1.0] * 4, [2.0] * 4, [3.0, 3.0, 4.0, 4.0]]
+
+
+def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", **cfg):
+    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta."""
+    d = tmp_path / name
+    d.mkdir()
+    config = {"out_dir": f"out/{name}", "dataset": "pydocs", "op": op, "seed": seed, "n_layer": len(gamma),
+              "n_head": len(gamma[0]), "gamma_init": 0.0, "delta_init": 1.0, "learn_gamma": True,
+              "learn_delta": True, "gamma_min": None, "laplacian_heads": None, **cfg}
+    (d / "config.json").write_text(json.dumps(config))
+    zeros, ones = [[0.0] * len(g) for g in gamma], [[1.0] * len(g) for g in gamma]
+    lines = []
+    for i, v in enumerate(val):
+        it = 100 * i
+        if it:
+            lines.append({"event": "train", "iter": it, "tokens": 2048 * it, "loss": v, "lr": 1e-3,
+                          "ms_per_iter": 50.0, "tokens_per_s": 40000.0, "mfu": None})
+        last = i == len(val) - 1
+        lines.append({"event": "eval", "iter": it, "tokens": 2048 * it, "train_loss": v, "val_loss": v,
+                      "gamma": gamma if last else zeros, "delta": delta if last else ones})
+    (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + tail)
+    return str(d)
+
+
+def test_summary_numbers(tmp_path):
+    s = corridor.summarize(corridor.load_run(make_run(tmp_path, "mix_s0")))
+    assert (s["n_in"], s["n_in_deep"]) == (6, 4)
+    assert s["frac_in"] == pytest.approx(0.5) and s["frac_deep"] == pytest.approx(0.5)
+    assert s["layer_gamma"] == pytest.approx([-0.35, -0.6225, -0.5])
+    assert s["layer_delta"] == pytest.approx([1.0, 2.0, 3.5])
+    assert (s["best_val"], s["best_iter"], s["final_val"], s["final_iter"]) == (2.0, 100, 2.5, 200)
+    assert s["tokens"] == 2048 * 200 and s["fixed"] is None
+
+
+def test_controls_only_non_default(tmp_path):
+    run = corridor.load_run(make_run(tmp_path, "fixed", gamma_init=-0.5, learn_gamma=False, seed=3))
+    assert corridor.controls(run["config"]) == {"gamma_init": -0.5, "learn_gamma": False}
+    assert corridor.describe(run) == "mix gamma_init=-0.5 learn_gamma=False seed=3"
+
+
+def test_attention_and_laplacian_shown_as_fixed(tmp_path, capsys):
+    zeros, ones = [[0.0] * 4] * 2, [[1.0] * 4] * 2
+    attn = make_run(tmp_path, "attn", op="attention", gamma=zeros, delta=ones)
+    lap = make_run(tmp_path, "lap", op="laplacian", gamma=[[0.0, 0.0, -1.0, -1.0]] * 2,
+                   delta=[[1.0, 1.0, -1.0, -1.0]] * 2)
+    assert corridor.main([attn, lap, f"--out={tmp_path / 'figs'}"]) == 0
+    out = capsys.readouterr().out
+    assert "attention: γ=0, δ=1 fixed" in out
+    assert "laplacian: 2 of 4 heads per layer γ=−1, δ=−1, the rest attention; fixed" in out
+    assert "γ ∈ (−1, 0):" not in out  # no corridor statistics for fixed operators
+    assert corridor.summarize(corridor.load_run(attn))["frac_deep"] is None
+
+
+def test_compare_order_and_difference_to_attention(tmp_path):
+    runs = [corridor.load_run(make_run(tmp_path, n, op=op, val=(3.0, v)))
+            for n, op, v in [("attn", "attention", 2.0), ("mix", "mix", 1.75), ("lap", "laplacian", 1.875)]]
+    c = corridor.compare(runs)
+    assert [s["name"] for s in c["rows"]] == ["mix", "lap", "attn"]
+    assert [s["vs_attention"] for s in c["rows"]] == pytest.approx([-0.25, -0.125, 0.0])
+    assert c["attention_val"] == 2.0
+
+
+def test_seed_groups_mean_std(tmp_path):
+    deep_in = [[-0.5] * 4, [-0.5, -0.5, 0.5, 0.5]]  # 2 layers: beyond layer 1, half the heads inside
+    deep_all = [[-0.5] * 4, [-0.5] * 4]
+    specs = [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.2, {}),
+             ("mix_s0", "mix", 0, 1.8, {}), ("mix_s1", "mix", 1, 1.9, {"wandb_run_name": "x"}),
+             ("mix_s2", "mix", 2, 2.0, {}), ("mixg_s0", "mix", 0, 1.7, {"gamma_init": -0.5})]
+    runs = []
+    for name, op, seed, v, extra in specs:
+        g = deep_all if name == "mix_s2" else deep_in
+        runs.append(corridor.load_run(make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), gamma=g,
+                                               delta=[[1.0] * 4] * 2, **extra)))
+    groups = corridor.compare(runs)["groups"]
+    assert [(g["label"], g["n"]) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3), ("attention", 2)]
+    mix, attn = groups[1], groups[2]
+    assert mix["names"] == ["mix_s0", "mix_s1", "mix_s2"]
+    assert mix["val_mean"] == pytest.approx(1.9) and mix["val_std"] == pytest.approx(0.1)
+    assert mix["deep_mean"] == pytest.approx(2 / 3) and mix["deep_std"] == pytest.approx(0.288675, abs=1e-6)
+    assert attn["val_mean"] == pytest.approx(2.1) and attn["val_std"] == pytest.approx(0.141421, abs=1e-6)
+    assert attn["deep_mean"] is None
+    assert mix["vs_attention"] == pytest.approx(-0.2)
+    assert groups[0]["val_std"] is None  # one run: no sample std
+
+
+def test_main_prints_table_groups_and_writes_pngs(tmp_path, capsys):
+    dirs = [make_run(tmp_path, "attn_s0", op="attention", val=(3.0, 2.0), gamma=[[0.0] * 4] * 3,
+                     delta=[[1.0] * 4] * 3),
+            make_run(tmp_path, "mix_s0"), make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 2.3))]
+    assert corridor.main(dirs) == 0
+    out = capsys.readouterr().out
+    assert "== mix_s0  (mix seed=0)" in out
+    assert "γ ∈ (−1, 0): 6/12 heads (50%) overall, 4/8 (50%) beyond layer 1" in out
+    assert "runs by final val loss" in out and "seed groups" in out and "1.9000 ± n/a" not in out
+    assert "2.4000 ± 0.1414" in out  # mix seeds: final val 2.5 and 2.3
+    names = ["gamma_mix_s0.png", "delta_mix_s0.png", "gamma_final_mix_s0.png", "val_loss.png"]
+    for name in names:  # default output directory: the first run's
+        path = tmp_path / "attn_s0" / name
+        assert f"{path}" in out
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+def test_plot_returns_paths(tmp_path):
+    paths = corridor.plot([corridor.load_run(make_run(tmp_path, "mix_s0"))], str(tmp_path / "figs"))
+    assert [p.split("/")[-1] for p in paths] == ["gamma_mix_s0.png", "delta_mix_s0.png",
+                                                 "gamma_final_mix_s0.png", "val_loss.png"]
+
+
+def error_line(capsys, argv):
+    """Run the CLI expecting failure; return its single stderr line."""
+    assert corridor.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    return err[0]
+
+
+def test_nonexistent_path(tmp_path, capsys):
+    assert "nope: does not exist" in error_line(capsys, [str(tmp_path / "nope")])
+
+
+def test_not_a_run_dir(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    line = error_line(capsys, [str(tmp_path / "empty")])
+    assert "not a run directory, missing config.json and log.jsonl (train.py writes them)" in line
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    assert "missing log.jsonl (" in error_line(capsys, [str(tmp_path / "half")])
+
+
+def test_truncated_last_line_is_skipped_with_warning(tmp_path, capsys):
+    d = make_run(tmp_path, "crashed", tail='{"event": "eval", "iter": 300, "val_lo')
+    run = corridor.load_run(d)
+    assert len(run["evals"]) == 3 and "log.jsonl:6: last line is cut off" in run["warnings"][0]
+    assert corridor.main([d]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: ") and "final 2.5000 (iter 200)" in captured.out
+
+
+def test_corrupt_middle_line(tmp_path, capsys):
+    d = make_run(tmp_path, "bad")
+    log = tmp_path / "bad" / "log.jsonl"
+    lines = log.read_text().splitlines()
+    lines[2] = lines[2][:20]
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"log\.jsonl:3: invalid JSON in the middle of the log"):
+        corridor.load_run(d)
+    assert f"{log}:3:" in error_line(capsys, [d])
+
+
+def test_no_eval_record(tmp_path, capsys):
+    d = tmp_path / "fresh"
+    d.mkdir()
+    (d / "config.json").write_text('{"op": "mix"}')
+    (d / "log.jsonl").write_text('{"event": "train", "iter": 10, "tokens": 100, "loss": 3.0}\n')
+    assert "log.jsonl: no eval record yet" in error_line(capsys, [str(d)])
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert "no run directory given" in error_line(capsys, [])
+    assert "unknown option --outdir=x" in error_line(capsys, ["--outdir=x", str(tmp_path)])
