@@ -1,0 +1,329 @@
+"""
+Tests for model.py: the operator's identities, fast paths against a float64 materialised reference,
+causality, gradients, parameter counts, the γ ≥ gamma_min projection, overfitting, GPT-2 import, bad input.
+
+    python -m pytest -q test_model.py
+"""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, OPS, causal_softmax, corridor_matrix, corridor_op
+
+TINY = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=32)
+
+
+def tiny(op, **kw):
+    return GPTConfig(**{**TINY, "op": op, **kw})
+
+
+def set_corridor(model, gamma, delta):
+    """Put model (any mix op) at per-head (γ, δ) of shape (n_layer, n_head), through its own parameters."""
+    with torch.no_grad():
+        for blk, g, d in zip(model.transformer.h, gamma, delta):
+            attn = blk.attn
+            if attn.op == "mix":
+                attn.gamma.copy_(g), attn.delta.copy_(d)
+            elif attn.op == "mix_alpha":  # α0 = δγ, α1 = δ
+                attn.alpha0.copy_(d * g), attn.alpha1.copy_(d)
+            elif attn.op == "mix_ab":  # β = δγ, α - β = δ
+                attn.beta.copy_(d * g), attn.alpha.copy_(d * (1 + g))
+
+
+def random_corridor(config, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (config.n_layer, config.n_head)
+    u = lambda: torch.rand(shape, generator=g, dtype=torch.float64)
+    return u() * 2 - 1.5, u() + 0.5  # γ ∈ (-1.5, 0.5), δ ∈ (0.5, 1.5)
+
+
+def same_weights(op, source, **kw):
+    """A model with another op and the same q/k/v/MLP weights as source (its own γ/δ left at init)."""
+    torch.manual_seed(0)
+    model = GPT(tiny(op, **kw)).double()
+    shared = {k: v for k, v in source.state_dict().items() if k in model.state_dict() and v.shape == model.state_dict()[k].shape}
+    model.load_state_dict(shared, strict=False)
+    return model
+
+
+def tokens(B=3, T=TINY["block_size"], seed=1):
+    return torch.randint(0, TINY["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def logits(model, idx):
+    return model(idx, idx)[0]  # targets given: logits of every position
+
+
+@pytest.fixture
+def attention_model():
+    torch.manual_seed(0)
+    return GPT(tiny("attention")).double().eval()
+
+
+# --- identities of the paper -------------------------------------------------------------------------------------
+
+
+def test_mix_at_gamma0_delta1_is_attention(attention_model):
+    mix = same_weights("mix", attention_model).eval()
+    assert torch.allclose(logits(mix, tokens()), logits(attention_model, tokens()), atol=1e-12)
+
+
+def test_mix_at_gamma_minus1_delta_minus1_is_all_laplacian(attention_model):
+    lap = same_weights("laplacian", attention_model, laplacian_heads=TINY["n_head"]).eval()
+    mix = same_weights("mix", attention_model, gamma_init=-1.0, delta_init=-1.0).eval()
+    assert torch.allclose(logits(mix, tokens()), logits(lap, tokens()), atol=1e-12)
+    gamma, delta = lap.corridor()
+    assert (gamma == -1).all() and (delta == -1).all()
+
+
+@pytest.mark.parametrize("op", ["mix_alpha", "mix_ab"])
+def test_alternative_parameterisations_equal_mix(op, attention_model):
+    gamma, delta = random_corridor(attention_model.config)
+    mix, other = same_weights("mix", attention_model).eval(), same_weights(op, attention_model).eval()
+    set_corridor(mix, gamma, delta), set_corridor(other, gamma, delta)
+    assert torch.allclose(logits(other, tokens()), logits(mix, tokens()), atol=1e-10)
+    for got, want in zip(other.corridor(), (gamma, delta)):
+        assert torch.allclose(got.double(), want, atol=1e-6)
+
+
+def test_corridor_identity_on_materialised_matrices():
+    q, k = torch.randn(2, 3, 7, 8, dtype=torch.float64), torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    P, I = causal_softmax(q, k), torch.eye(7, dtype=torch.float64)
+    for gamma in (-0.9, -0.5, -0.1):
+        for delta in (0.7, 1.0, 2.5):
+            M = corridor_matrix(q, k, torch.full((3,), delta * gamma, dtype=torch.float64), torch.full((3,), delta, dtype=torch.float64))
+            convex = delta * (abs(gamma) * (P - I) + (1 - abs(gamma)) * P)  # attention and negative Laplacian
+            assert torch.allclose(M, convex, atol=1e-14)
+            assert torch.allclose(M.sum(-1), torch.full((2, 3, 7), delta * (1 + gamma), dtype=torch.float64))
+
+
+def test_laplacian_rows_sum_to_zero():
+    q, k = torch.randn(2, 4, 9, 8, dtype=torch.float64), torch.randn(2, 4, 9, 8, dtype=torch.float64)
+    a, b = torch.ones(4, dtype=torch.float64), -torch.ones(4, dtype=torch.float64)  # I - P
+    v_const = torch.randn(2, 4, 1, 8, dtype=torch.float64).expand(2, 4, 9, 8)
+    assert corridor_op(q, k, v_const, a, b).abs().max() < 1e-12  # a constant signal has no deviation
+    v = torch.randn(2, 4, 9, 8, dtype=torch.float64)
+    assert corridor_op(q, k, v, a, b)[:, :, 0].abs().max() < 1e-12  # the first position sees only itself
+    gamma, delta = -0.3, 1.4  # and a mix head's first position outputs δ(1 + γ)v_0
+    y0 = corridor_op(q, k, v, torch.full((4,), delta * gamma, dtype=torch.float64), torch.full((4,), delta, dtype=torch.float64))[:, :, 0]
+    assert torch.allclose(y0, delta * (1 + gamma) * v[:, :, 0])
+
+
+def test_laplacian_heads_are_the_trailing_heads():
+    model = GPT(tiny("laplacian", n_head=4, laplacian_heads=1))
+    gamma, delta = model.corridor()
+    assert gamma.tolist() == [[0, 0, 0, -1]] * 2 and delta.tolist() == [[1, 1, 1, -1]] * 2
+    assert GPT(tiny("laplacian")).corridor()[0].tolist() == [[0, 0, -1, -1]] * 2  # default: half
+    assert (GPT(tiny("laplacian", laplacian_heads=0)).corridor()[0] == 0).all()
+
+
+# --- fast path == materialised reference, outputs and gradients, every op -------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_sdpa_path_matches_materialised_path(op):
+    torch.manual_seed(0)
+    fast = GPT(tiny(op, impl="sdpa")).double()
+    if op.startswith("mix"):
+        set_corridor(fast, *random_corridor(fast.config))
+    ref = GPT(tiny(op, impl="materialized")).double()
+    ref.load_state_dict(fast.state_dict())
+    idx = tokens()
+    x = fast.transformer.wte(idx).detach().requires_grad_()  # gradients w.r.t. the block inputs too
+    outs = []
+    for model in (fast, ref):
+        xi = x.detach().clone().requires_grad_()
+        h = xi
+        for blk in model.transformer.h:
+            h = blk(h)
+        loss = (h * torch.randn_like(h, generator=torch.Generator().manual_seed(3))).sum()
+        loss.backward()
+        grads = {n: p.grad for n, p in model.transformer.h.named_parameters()}
+        outs.append((h.detach(), xi.grad, grads))
+    (h1, gx1, g1), (h2, gx2, g2) = outs
+    assert torch.allclose(h1, h2, atol=1e-10)
+    assert torch.allclose(gx1, gx2, atol=1e-10)
+    scalars = [n for n in g1 if n.split(".")[-1] in ("gamma", "delta", "alpha0", "alpha1", "alpha", "beta")]
+    assert len(scalars) == (2 * TINY["n_layer"] if op.startswith("mix") else 0)
+    for n in g1:
+        assert torch.allclose(g1[n], g2[n], atol=1e-10), n
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_causality(op):
+    torch.manual_seed(0)
+    model = GPT(tiny(op)).double().eval()
+    if op.startswith("mix"):
+        set_corridor(model, *random_corridor(model.config))
+    idx = tokens(B=2)
+    t = 7
+    changed = idx.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % TINY["vocab_size"]
+    a, b = logits(model, idx), logits(model, changed)
+    assert torch.allclose(a[:, :t + 1], b[:, :t + 1], atol=1e-12)
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])  # the test can see a change when there is one
+
+
+# --- parameters, optimizer, projection ----------------------------------------------------------------------------
+
+
+def test_parameter_counts():
+    base = GPT(tiny("attention")).get_num_params()
+    C, V, L, H, T = TINY["n_embd"], TINY["vocab_size"], TINY["n_layer"], TINY["n_head"], TINY["block_size"]
+    per_block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    assert base == V * C + L * per_block + 2 * C  # tied embedding, blocks, ln_f; position embeddings excluded
+    assert GPT(tiny("attention")).get_num_params(non_embedding=False) == base + T * C
+    assert GPT(tiny("laplacian")).get_num_params() == base
+    for op in ("mix", "mix_alpha", "mix_ab"):
+        assert GPT(tiny(op)).get_num_params() == base + 2 * L * H
+    assert GPT(tiny("mix", learn_gamma=False)).get_num_params() == base + L * H
+    frozen = GPT(tiny("mix", gamma_init=-0.5, learn_gamma=False, learn_delta=False))
+    assert frozen.get_num_params() == base
+    assert frozen.corridor()[0].eq(-0.5).all() and frozen.corridor()[1].eq(1.0).all()
+
+
+def test_no_weight_decay_on_corridor_scalars():
+    model = GPT(tiny("mix"))
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert (id(p) in decayed) == (p.dim() >= 2), name
+
+
+def test_gamma_min_holds_after_optimizer_steps():
+    torch.manual_seed(0)
+    model = GPT(tiny("mix", gamma_min=0.0))
+    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95), "cpu")
+    idx = tokens()
+    went_below = False
+    for _ in range(20):
+        loss = model(idx, idx)[1] + 10 * sum(b.attn.gamma.sum() for b in model.transformer.h)  # pushes γ down
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        went_below |= bool((model.corridor()[0] < 0).any())
+        model.project_gamma()
+        assert (model.corridor()[0] >= 0).all()
+    assert went_below  # the projection had work to do
+
+
+def test_frozen_scalars_do_not_move():
+    torch.manual_seed(0)
+    model = GPT(tiny("mix", gamma_init=-0.5, learn_gamma=False, learn_delta=False))
+    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95), "cpu")
+    for _ in range(3):
+        loss = model(tokens(), tokens())[1]
+        opt.zero_grad(), loss.backward(), opt.step()
+    gamma, delta = model.corridor()
+    assert gamma.eq(-0.5).all() and delta.eq(1.0).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_overfits_one_batch(op):
+    torch.manual_seed(0)
+    model = GPT(tiny(op))
+    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
+    idx = tokens(B=4)
+    x, y = idx[:, :-1], idx[:, 1:]
+    first = None
+    for _ in range(150):
+        _, loss = model(x, y)
+        first = first or loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert first > math.log(TINY["vocab_size"]) - 0.2 and loss.item() < 0.2, (first, loss.item())
+
+
+def test_kernel_training_step_equals_sdpa_step():
+    """One optimizer step through the fused Triton kernel (CPU interpreter here) equals one through SDPA."""
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    models = [GPT(tiny("mix", impl=impl)) for impl in ("sdpa", "triton")]
+    models[1].load_state_dict(models[0].state_dict())
+    for m in models:
+        set_corridor(m, *random_corridor(m.config))
+    results = []
+    for m in models:
+        opt = m.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+        loss = m(tokens(), tokens())[1]
+        loss.backward()
+        opt.step()
+        results.append((loss.item(), [p.detach().clone() for p in m.parameters()]))
+    assert abs(results[0][0] - results[1][0]) < 1e-5
+    for p, q in zip(results[0][1], results[1][1]):
+        assert torch.allclose(p, q, atol=1e-5)
+
+
+# --- generation, MFU, demo ----------------------------------------------------------------------------------------
+
+
+def test_generate_and_mfu():
+    torch.manual_seed(0)
+    model = GPT(tiny("mix")).eval()
+    out = model.generate(tokens(B=2, T=4), max_new_tokens=20, temperature=0.8, top_k=5)
+    assert out.shape == (2, 24) and out.max() < TINY["vocab_size"]  # runs past block_size by cropping
+    assert model.estimate_mfu(1, 0.1) is None  # no peak FLOP/s to compare against on a CPU
+
+
+def test_demo_prints_operator_and_identity(capsys):
+    from model import demo
+    M = demo("laplacian")
+    assert torch.allclose(M[-1].sum(-1), torch.zeros(M.size(-1), dtype=M.dtype), atol=1e-12)
+    M = demo("mix", gamma=-0.5)
+    assert torch.allclose(M[0].sum(-1), torch.full((M.size(-1),), 0.5, dtype=M.dtype))
+    out = capsys.readouterr().out
+    assert "row sums" in out and "corridor identity" in out
+
+
+# --- GPT-2 import, offline -------------------------------------------------------------------------------------------
+
+
+def test_from_pretrained_matches_hf_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(n_positions=32, n_embd=48, n_layer=2, n_head=4, vocab_size=100)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf.save_pretrained(tmp_path)
+    idx = torch.randint(0, 100, (2, 32))
+    want = hf(idx).logits
+    model = GPT.from_pretrained(str(tmp_path), op="mix").eval()
+    got = model(idx, idx)[0]
+    assert (got - want).abs().max() <= 1e-4
+    gamma, delta = model.corridor()
+    assert gamma.eq(0).all() and delta.eq(1).all()
+    lap = GPT.from_pretrained(str(tmp_path), op="laplacian").eval()
+    assert (lap(idx, idx)[0] - want).abs().max() > 1e-3  # a different op really computes something else
+
+
+# --- bad input ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(op="softmax"), "op='softmax'"),
+    (dict(op="laplacian", laplacian_heads=5), "laplacian_heads=5"),
+    (dict(op="laplacian", laplacian_heads=-1), "laplacian_heads=-1"),
+    (dict(n_embd=30), "n_embd=30"),
+    (dict(op="attention", gamma_init=-0.5), "gamma_init=-0.5"),
+    (dict(op="laplacian", learn_delta=False), "learn_delta=False"),
+    (dict(op="mix_alpha", gamma_min=0.0), "gamma_min=0.0"),
+    (dict(op="mix", laplacian_heads=1), "laplacian_heads=1"),
+    (dict(op="mix", gamma_min=0.0, gamma_init=-0.5), "gamma_init=-0.5"),
+    (dict(impl="cuda"), "impl='cuda'"),
+])
+def test_bad_config_raises_clear_error(kw, words):
+    with pytest.raises(ValueError, match=f"GPTConfig.{words}"):
+        tiny(**{"op": "attention", **kw})
+
+
+def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
+    model = GPT(tiny("mix"))
+    with pytest.raises(ValueError, match="sequence length 17 is longer than block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="unknown pretrained model 'gpt3'"):
+        GPT.from_pretrained("gpt3")
+    with pytest.raises(ValueError, match="cannot override 'n_layer'"):
+        GPT.from_pretrained("gpt2", n_layer=2)
+    with pytest.raises(ValueError, match="could not load"):
+        GPT.from_pretrained(str(tmp_path))  # an existing directory that holds no model
