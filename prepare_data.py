@@ -29,7 +29,6 @@ HEADER_BYTES = HEADER_INTS * 4
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts its end-of-text token before each instead)
-GPT2_DEFAULT = {"tokenizer": "gpt2", "vocab_size": 50257}  # what shards without a meta.json are assumed to be
 
 
 class DataError(ValueError):
@@ -157,12 +156,11 @@ def pydocs_documents():
 
 
 def shakespeare_documents():
-    import urllib.error
     import urllib.request
     try:
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
             return [r.read().decode("utf-8")]
-    except (urllib.error.URLError, OSError) as e:
+    except OSError as e:  # URLError and timeouts are OSErrors too
         raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
                         f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
                         "--name=shakespeare_char`") from None
@@ -255,6 +253,8 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     else:
         enc = gpt2_encoding()
         meta["vocab_size"], meta["eot_token"] = enc.n_vocab, enc.eot_token
+    if meta["vocab_size"] > 2**16:
+        raise DataError(f"{name}: {meta['vocab_size']:,} distinct characters do not fit uint16; use --tokenizer=byte")
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
 
@@ -293,9 +293,10 @@ def prepare_openwebtext(out_dir="data", shard_size=100_000_000, val_fraction=0.0
         import datasets
         try:
             dataset = datasets.load_dataset("openwebtext", num_proc=num_proc)["train"]
-        except Exception as e:
-            raise DataError(f"could not load openwebtext from the Hugging Face hub ({type(e).__name__}); it needs "
-                            f"internet (~54 GB); offline, use `python prepare_data.py {DEFAULT_CORPUS}`") from None
+        except Exception as e:  # no network, hub changes (e.g. "Dataset scripts are no longer supported"), ...
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            raise DataError(f"could not load openwebtext from the Hugging Face hub ({reason}); it needs internet "
+                            f"(~54 GB); offline, use `python prepare_data.py {DEFAULT_CORPUS}`") from None
     splits = dataset.train_test_split(test_size=val_fraction, seed=2357, shuffle=True)  # nanoGPT's val split
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token}
     print(f"{name}: {len(splits['train']):,} train / {len(splits['test']):,} val documents, {num_proc} processes")
@@ -326,7 +327,7 @@ def prepare(corpus, input=None, name=None, tokenizer=None, out_dir="data", shard
     if name is None and corpus == "text":  # the file's or folder's name: books/ -> books, moby.txt -> moby
         name = os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
     name = name or corpus
-    if not name or name.startswith(".") or os.sep in name or "_train_" in name or "_val_" in name:
+    if name.startswith(".") or os.sep in name or "_train_" in name or "_val_" in name:  # would confuse the globs
         raise DataError(f"--name={name!r} must be a plain folder name (without '/', '_train_' or '_val_')")
     tokenizer = tokenizer or PREPARERS[corpus]
     if tokenizer not in ("char", "byte", "gpt2"):
@@ -362,7 +363,7 @@ def load_meta(data_dir):
     """The dataset's meta.json as a dict (tokenizer, vocab_size, ...); plain GPT-2 shards need none."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.exists(path):
-        return {"name": os.path.basename(os.path.normpath(data_dir)), **GPT2_DEFAULT}
+        return {"name": os.path.basename(os.path.normpath(data_dir)), "tokenizer": "gpt2", "vocab_size": 50257}
     try:
         with open(path) as f:
             return json.load(f)
@@ -396,6 +397,7 @@ class ShardLoader:
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
         self.vocab_size, self.seed = vocab_size, seed
         self.step = world_size * batch_size * block_size  # tokens the whole world consumes per batch
+        self.shard = None
         self.reset()
 
     def reset(self):
@@ -408,8 +410,9 @@ class ShardLoader:
         if not 0 <= state["shard"] < len(self.shards):
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
+        if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
+            self._open(state["shard"])
         self.epoch, self.pos = state["epoch"], state["pos"]
-        self._open(state["shard"])
 
     def _open(self, shard):
         # one memmap for the current shard only, dropped when we move on: memory stays flat over long runs
@@ -440,24 +443,22 @@ class ShardLoader:
 
 # -----------------------------------------------------------------------------
 
-OPTION_TYPES = {"input": str, "name": str, "tokenizer": str, "out_dir": str, "shard_size": int,
-                "val_fraction": float, "num_proc": int}
+OPTIONS = {"input": str, "name": str, "tokenizer": str, "out_dir": str, "shard_size": int, "val_fraction": float,
+           "num_proc": int}
 
 if __name__ == "__main__":
     try:
         if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-            raise DataError(f"usage: python prepare_data.py NAME [--key=value ...] with NAME one of "
-                            f"{', '.join(PREPARERS)}")
+            raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(PREPARERS)}")
         options = {}
         for arg in sys.argv[2:]:
             key, eq, value = arg.removeprefix("--").partition("=")
-            if not arg.startswith("--") or not eq or key not in OPTION_TYPES:
-                raise DataError(f"bad option {arg!r}; options are --key=value with key one of "
-                                f"{', '.join(OPTION_TYPES)}")
+            if not arg.startswith("--") or not eq or key not in OPTIONS:
+                raise DataError(f"bad option {arg!r}; use --key=value with key one of {', '.join(OPTIONS)}")
             try:
-                options[key] = OPTION_TYPES[key](value)
+                options[key] = OPTIONS[key](value)
             except ValueError:
-                raise DataError(f"--{key}={value}: expected {'an integer' if OPTION_TYPES[key] is int else 'a number'}") from None
+                raise DataError(f"--{key}={value} should be a number") from None
         prepare(sys.argv[1], **options)
     except DataError as e:
         sys.exit(f"error: {e}")

@@ -69,7 +69,8 @@ def corrupt(path, case):
 
 @pytest.mark.parametrize("case, message", [
     ("magic", "wrong magic number"), ("version", "unsupported shard version"),
-    ("count", "header says 101 tokens but the file holds 100"), ("vocab", "token id 99 is >= the model's vocab_size 50"),
+    ("count", "header says 101 tokens but the file holds 100"),
+    ("vocab", "token id 99 is >= the model's vocab_size 50"),
     ("short", "10 tokens is shorter than one batch"), ("missing", r"no train shards matching \*_train_\*.bin")])
 def test_corrupt_shards(tmp_path, case, message):
     if case != "missing":
