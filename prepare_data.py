@@ -458,7 +458,8 @@ if __name__ == "__main__":
             try:
                 options[key] = OPTIONS[key](value)
             except ValueError:
-                raise DataError(f"--{key}={value} should be a number") from None
+                kind = "a whole number like 100000000" if OPTIONS[key] is int else "a number like 0.1"
+                raise DataError(f"--{key}={value} should be {kind}") from None
         prepare(sys.argv[1], **options)
     except DataError as e:
         sys.exit(f"error: {e}")
