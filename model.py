@@ -291,6 +291,11 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
+    def crop_block_size(self, block_size):
+        """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size by cutting the position table."""
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
     @torch.no_grad()
     def corridor(self):
         """Effective (γ, δ) of every head, each (n_layer, n_head): a·I + b·P = δ(γI + P) with γ = a/b, δ = b."""
