@@ -88,13 +88,13 @@ class ConfigError(ValueError):
     pass
 
 
-def check_value(key, value):
+def check_value(key, value, defaults, none_types):
     """One config value against the type of its default; ints are fine where floats are expected."""
-    if key not in DEFAULTS:
-        close = difflib.get_close_matches(key, DEFAULTS, n=3)
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=3)
         raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
-    want = NONE_TYPES.get(key, type(DEFAULTS[key]))
-    if value is None and (DEFAULTS[key] is None or key in NONE_TYPES):
+    want = none_types.get(key, type(defaults[key]))
+    if value is None and key in none_types:
         return None
     if want is float and type(value) is int:
         return float(value)
@@ -103,9 +103,9 @@ def check_value(key, value):
     return value
 
 
-def parse_config(argv):
+def parse_config(argv, defaults=DEFAULTS, none_types=NONE_TYPES):
     """nanoGPT-style: defaults, then config files (python assigning globals), then --key=value overrides."""
-    config = dict(DEFAULTS)
+    config = dict(defaults)
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
@@ -117,7 +117,7 @@ def parse_config(argv):
                 raise ConfigError(f"config file {arg} failed: {e.__class__.__name__}: {e}") from None
             for key, value in scope.items():
                 if not key.startswith("_") and not callable(value) and type(value).__name__ != "module":
-                    config[key] = check_value(key, value)
+                    config[key] = check_value(key, value, defaults, none_types)
         else:
             key, eq, text = arg[2:].partition("=")
             if not eq:
@@ -126,7 +126,7 @@ def parse_config(argv):
                 value = literal_eval(text)
             except (SyntaxError, ValueError):
                 value = text  # a bare string, e.g. --op=mix
-            config[key] = check_value(key, value)
+            config[key] = check_value(key, value, defaults, none_types)
     return config
 
 
@@ -198,6 +198,9 @@ def train(c):
     rank, local_rank, world_size = 0, None, 1
     if ddp:
         rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if c["gradient_accumulation_steps"] % world_size:
+        raise ConfigError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of "
+                          f"the number of processes ({world_size})")
     dev, device_type, dt = pick_device_and_dtype(c, local_rank)
     if ddp:
         from torch.distributed import init_process_group
@@ -205,9 +208,6 @@ def train(c):
             torch.cuda.set_device(dev)
         init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     master = rank == 0
-    if c["gradient_accumulation_steps"] % world_size:
-        raise ConfigError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of "
-                          f"the number of processes ({world_size})")
     grad_accum = c["gradient_accumulation_steps"] // world_size
     tokens_per_iter = grad_accum * world_size * c["batch_size"] * c["block_size"]
     out = c["out_dir"]
