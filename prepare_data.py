@@ -379,10 +379,14 @@ def find_shards(data_dir, split):
 
 
 class ShardLoader:
-    """Sequential batches from memory-mapped shards. At every step the world_size ranks together read one
-    contiguous chunk of world_size*batch_size*block_size(+1) tokens, each rank its own slice of it, so ranks
-    never see the same tokens at one step. Shards follow each other, then epochs; from epoch 1 on, every shard
-    is read from a seeded offset in [0, block_size) so small corpora are not cut into the same blocks again.
+    """Batches of block_size+1-token windows from memory-mapped shards, in a seeded shuffled order.
+
+    Each shard is cut into windows at stride block_size; every epoch visits them all in a fresh seeded order
+    (random batches, as in nanoGPT, rather than reading the text in order, which makes consecutive batches
+    correlated). At every step the world_size ranks together take the next world_size*batch_size windows,
+    each rank its own batch_size of them, so ranks never see the same tokens at one step, and one process
+    with gradient accumulation sees exactly what the ranks of a DDP job see. From epoch 1 on the windows
+    start at a seeded offset in [0, block_size), so small corpora are not cut into the same blocks again.
     (epoch, shard, pos) is the whole state, so a resumed run continues on exactly the same data."""
 
     def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None, seed=0):
@@ -396,8 +400,8 @@ class ShardLoader:
                             f"`python prepare_data.py {name if name in PREPARERS else 'text --input=PATH'}`")
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
         self.vocab_size, self.seed = vocab_size, seed
-        self.step = world_size * batch_size * block_size  # tokens the whole world consumes per batch
-        self.shard = None
+        self.step = world_size * batch_size  # windows the whole world consumes per batch
+        self.shard = self.epoch = None
         self.reset()
 
     def reset(self):
@@ -410,35 +414,35 @@ class ShardLoader:
         if not 0 <= state["shard"] < len(self.shards):
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
+        moved = (state["epoch"], state["shard"]) != (self.epoch, self.shard)
         if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
-            self._open(state["shard"])
-        self.epoch, self.pos = state["epoch"], state["pos"]
+            self.shard, self.tokens = state["shard"], read_shard(self.shards[state["shard"]], self.vocab_size)
+            if len(self.tokens) < self.step * self.T + 1:
+                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than one batch of "
+                                f"world_size*batch_size*block_size+1 = {self.step * self.T + 1}; "
+                                "use a smaller batch or block")
+        if moved:
+            self.epoch = state["epoch"]
+            self._shuffle()
+        self.pos = state["pos"]
 
-    def _open(self, shard):
-        # one memmap for the current shard only, dropped when we move on: memory stays flat over long runs
-        self.shard, self.tokens = shard, read_shard(self.shards[shard], self.vocab_size)
-        if len(self.tokens) < self.step + 1:
-            raise DataError(f"{self.shards[shard]}: {len(self.tokens)} tokens is shorter than one batch of "
-                            f"world_size*batch_size*block_size+1 = {self.step + 1}; use a smaller batch or block")
-
-    def _start(self):
-        """Where a shard is first read in this epoch: 0 in epoch 0, else a seeded offset below block_size
-        (capped so that at least one batch still fits)."""
-        if self.epoch == 0:
-            return 0
-        offset = int(np.random.default_rng([self.seed, self.epoch]).integers(self.T))
-        return min(offset, len(self.tokens) - self.step - 1)
+    def _shuffle(self):
+        """This (epoch, shard)'s window start positions in a seeded random order. One memmap is open, for the
+        current shard only, and dropped when we move on: memory stays flat over long runs."""
+        rng = np.random.default_rng([self.seed, self.epoch, self.shard])
+        offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
+        offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
+        n_windows = (len(self.tokens) - 1 - offset) // self.T
+        self.starts = offset + self.T * rng.permutation(n_windows)
 
     def next_batch(self):
-        if self.pos + self.step + 1 > len(self.tokens):  # this shard is used up: next shard, or next epoch
-            if self.shard + 1 == len(self.shards):
-                self.epoch += 1
-            self._open((self.shard + 1) % len(self.shards))
-            self.pos = self._start()
-        start = self.pos + self.rank * self.B * self.T
-        buf = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
+        if self.pos + self.step > len(self.starts):  # this shard is used up: next shard, or next epoch
+            last = self.shard + 1 == len(self.shards)
+            self.load_state_dict({"epoch": self.epoch + last, "shard": (self.shard + 1) % len(self.shards), "pos": 0})
+        mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
+        buf = torch.from_numpy(np.stack([self.tokens[s:s + self.T + 1] for s in mine]).astype(np.int64))  # (B, T+1)
         self.pos += self.step
-        return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
+        return buf[:, :-1], buf[:, 1:]
 
 
 # -----------------------------------------------------------------------------
