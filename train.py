@@ -25,10 +25,11 @@ from ast import literal_eval
 from contextlib import nullcontext
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from model import GPT, GPTConfig
-from prepare_data import ShardLoader, ensure_prepared, load_meta
+from prepare_data import ShardLoader, ensure_prepared, find_shards, load_meta, read_shard
 
 # -----------------------------------------------------------------------------
 # default config values; a config file and --key=value arguments override them
@@ -185,6 +186,15 @@ def load_checkpoint(path):
     return ckpt
 
 
+def unigram_loss(data_dir, vocab_size):
+    """Val loss of a model that ignores context and predicts the train split's token frequencies (add-one
+    smoothed): the baseline every trained model must beat. Computed for small datasets only."""
+    counts = [sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64) for p in find_shards(data_dir, s))
+              for s in ("train", "val")]
+    p_train = (counts[0] + 1) / (counts[0] + 1).sum()
+    return float(-(counts[1] * np.log(p_train)).sum() / counts[1].sum())
+
+
 def corridor_line(gamma, delta):
     """One console line: per-layer mean γ and δ, and how many heads sit in the convex corridor γ ∈ (-1, 0)."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
@@ -316,6 +326,8 @@ def train(c):
         log_file = open(os.path.join(out, "log.jsonl"), "a" if c["init_from"] == "resume" else "w")
         print(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
               f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={raw_model.config.op}")
+        if sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:
+            print(f"unigram baseline: val loss {unigram_loss(data_dir, vocab):.4f} (context-free token frequencies)")
     if master and c["wandb_log"]:
         import wandb
         wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=c)

@@ -13,8 +13,8 @@ batch_size = 16
 dropout = 0.0
 
 learning_rate = 2e-3
-max_iters = 2000
-lr_decay_iters = 2000
+max_iters = 1500
+lr_decay_iters = 1500
 min_lr = 2e-4
 warmup_iters = 100
 beta2 = 0.99

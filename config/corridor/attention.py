@@ -1,0 +1,1 @@
+op = "attention"  # softmax attention P: the baseline

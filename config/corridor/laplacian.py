@@ -1,0 +1,1 @@
+op = "laplacian"  # I - P on half the heads of every layer (Zhang & Papyan), attention on the rest
