@@ -128,16 +128,18 @@ def corridor_op(q, k, v, a, b, impl="sdpa", dropout_p=0.0):
     return a.view(-1, 1, 1) * v + b.view(-1, 1, 1) * PV
 
 
-def resolve_impl(impl, x, dropout_p):
-    """'auto' picks the fused kernel on CUDA when triton is installed (and no attention dropout)."""
+def resolve_impl(impl, q, dropout_p):
+    """'auto' picks the fused kernel on CUDA when triton is installed and supports the head size (and there
+    is no attention dropout, which the kernel does not do); SDPA otherwise."""
     if impl != "auto":
         return impl
-    if x.is_cuda and dropout_p == 0.0:
+    if q.is_cuda and dropout_p == 0.0:
         try:
-            import triton  # noqa: F401
-            return "triton"
+            from kernel import HEAD_DIMS  # lazy: imports triton
         except ImportError:
-            pass
+            return "sdpa"
+        if q.size(-1) in HEAD_DIMS:
+            return "triton"
     return "sdpa"
 
 
@@ -211,7 +213,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         a, b = self.coefficients()
         dropout_p = self.dropout if self.training else 0.0
-        y = corridor_op(q, k, v, a.to(q.dtype), b.to(q.dtype), resolve_impl(self.impl, x, dropout_p), dropout_p)
+        y = corridor_op(q, k, v, a.to(q.dtype), b.to(q.dtype), resolve_impl(self.impl, q, dropout_p), dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
