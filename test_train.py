@@ -121,6 +121,17 @@ def test_resume_is_exact(workdir):
         run(*common, "--max_iters=9", "--out_dir=out/halves", "--init_from=resume", "--n_layer=3")
 
 
+def test_corrupt_or_foreign_checkpoint(workdir):
+    os.makedirs("out/bad")
+    with open("out/bad/ckpt.pt", "wb") as f:
+        f.write(b"not a checkpoint")
+    with pytest.raises(ConfigError, match="out/bad/ckpt.pt cannot be read"):
+        run("--init_from=resume", "--out_dir=out/bad")
+    torch.save({"model": {}}, "out/bad/ckpt.pt")
+    with pytest.raises(ConfigError, match="lacks best_val_loss, iter_num, loader, model_args, optimizer"):
+        run("--init_from=resume", "--out_dir=out/bad")
+
+
 def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
     lr = train.get_lr
     monkeypatch.setattr(train, "get_lr", lambda it, c: lr(it, c) if it < 4 else 1e30)  # explodes at iter 4

@@ -173,7 +173,7 @@ def atomic_save(obj, path):
 
 def load_checkpoint(path):
     if not os.path.isfile(path):
-        raise ConfigError(f"no checkpoint at {path} to resume from; train with --init_from=scratch first "
+        raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -324,6 +324,7 @@ def train(c):
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(c, f, indent=1)
         log_file = open(os.path.join(out, "log.jsonl"), "a" if c["init_from"] == "resume" else "w")
+        print("config:", " ".join(f"{k}={v!r}" for k, v in c.items()), f"(saved to {out}/config.json)")
         print(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
               f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={raw_model.config.op}")
         if sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:
