@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 OPS = ("attention", "laplacian", "mix", "mix_alpha", "mix_ab")
+CORRIDOR_SCALARS = ("gamma", "delta", "alpha0", "alpha1", "alpha", "beta", "a", "b")  # per-head operator tensors
 IMPLS = ("auto", "sdpa", "materialized", "triton")
 
 
@@ -309,11 +310,18 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.project_gamma()
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on γ, δ, α, β, norms, biases."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, corridor_lr_scale=1.0):
+        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on γ, δ, α, β, norms, biases.
+        The corridor scalars get learning_rate × corridor_lr_scale (group key "lr_scale", which the training
+        loop applies): Adam moves each by about its lr per step, too little to see at fine-tuning rates."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        is_scalar = lambda n: n.rsplit(".", 1)[-1] in CORRIDOR_SCALARS
+        groups = [{"params": [p for n, p in named if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for n, p in named if p.dim() < 2 and not is_scalar(n)], "weight_decay": 0.0},
+                  {"params": [p for n, p in named if is_scalar(n)], "weight_decay": 0.0, "lr_scale": corridor_lr_scale}]
+        groups = [g for g in groups if g["params"]]
+        for g in groups:
+            g["lr"] = learning_rate * g.get("lr_scale", 1.0)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
@@ -369,8 +377,7 @@ class GPT(nn.Module):
         sd, sd_hf = model.state_dict(), hf.state_dict()
         # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        corridor_scalars = (".gamma", ".delta", ".alpha0", ".alpha1", ".alpha", ".beta", ".attn.a", ".attn.b")
-        missing = [k for k in sd if k not in sd_hf and not k.endswith(corridor_scalars)]
+        missing = [k for k in sd if k not in sd_hf and k.rsplit(".", 1)[-1] not in CORRIDOR_SCALARS]
         if missing:
             raise ValueError(f"{name_or_path!r} is not a GPT-2 checkpoint: it lacks {missing[0]}")
         for key, w in sd_hf.items():

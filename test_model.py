@@ -183,12 +183,14 @@ def test_parameter_counts():
     assert frozen.corridor()[0].eq(-0.5).all() and frozen.corridor()[1].eq(1.0).all()
 
 
-def test_no_weight_decay_on_corridor_scalars():
-    model = GPT(tiny("mix"))
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+def test_no_weight_decay_on_corridor_scalars_and_their_lr_scale():
+    model = GPT(tiny("mix_ab"))
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", corridor_lr_scale=50.0)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    scaled = {id(p) for g in opt.param_groups if g["lr"] == 5e-2 for p in g["params"]}
     for name, p in model.named_parameters():
         assert (id(p) in decayed) == (p.dim() >= 2), name
+        assert (id(p) in scaled) == name.endswith((".alpha", ".beta")), name
 
 
 def test_gamma_min_holds_after_optimizer_steps():

@@ -74,6 +74,7 @@ decay_lr = True
 warmup_iters = 100
 lr_decay_iters = None  # None: max_iters
 min_lr = 6e-5
+corridor_lr_scale = 1.0  # the per-head γ, δ, α, β learn at learning_rate × this (e.g. 100 when fine-tuning)
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
@@ -268,7 +269,8 @@ def train(c):
         raise ConfigError(f"block_size={c['block_size']} exceeds the model's {model.config.block_size}")
     model_args = asdict(model.config)
     model.to(dev)
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type)
+    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type,
+                                           c["corridor_lr_scale"])
     iter_num, best_val_loss = 0, float("inf")
 
     # loaders: each rank reads its own stripe; the train loader's position is part of the checkpoint
@@ -349,7 +351,7 @@ def train(c):
     while True:
         lr = get_lr(iter_num, c) if c["decay_lr"] else c["learning_rate"]
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
         if (iter_num % c["eval_interval"] == 0 or iter_num == c["max_iters"]) and (iter_num != start_iter or iter_num == 0):
             losses = estimate_loss()
