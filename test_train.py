@@ -112,11 +112,15 @@ def test_resume_is_exact(workdir):
     common = ["--op=mix", "--dropout=0.1", "--lr_decay_iters=8", "--eval_interval=4", "--gradient_accumulation_steps=2"]
     straight = run(*common, "--max_iters=8", "--out_dir=out/straight")
     run(*common, "--max_iters=4", "--out_dir=out/halves")
+    with open("out/halves/log.jsonl", "a") as f:  # what a crash after the checkpoint leaves behind
+        f.write(json.dumps({"event": "train", "iter": 5, "loss": 9.9}) + '\n{"event": "tr')
     resumed = run(*common, "--max_iters=8", "--out_dir=out/halves", "--init_from=resume")
     for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(p, q), name
-    iters = [r["iter"] for r in read_log("out/halves") if r["event"] == "eval"]
-    assert iters == [0, 4, 8]  # the resumed run appends to the log without repeating iter 4
+    log = read_log("out/halves")
+    assert [r["iter"] for r in log if r["event"] == "eval"] == [0, 4, 8]  # no repeated evaluation at iter 4
+    assert [r["iter"] for r in log if r["event"] == "train"] == list(range(1, 9))  # one history, crash leftovers gone
+    assert [r["event"] for r in log].count("done") == 1 and 9.9 not in [r.get("loss") for r in log]
     with pytest.raises(ConfigError, match="n_layer=3 differs from the checkpoint's 2"):
         run(*common, "--max_iters=9", "--out_dir=out/halves", "--init_from=resume", "--n_layer=3")
 

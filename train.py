@@ -196,6 +196,23 @@ def unigram_loss(data_dir, vocab_size):
     return float(-(counts[1] * np.log(p_train)).sum() / counts[1].sum())
 
 
+def trim_log(path, iter_num):
+    """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
+    the one history that the resumed run continues."""
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut off by a crash
+            if record["iter"] <= iter_num and record["event"] != "done":
+                keep.append(line)
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
 def corridor_line(gamma, delta):
     """One console line: per-layer mean γ and δ, and how many heads sit in the convex corridor γ ∈ (-1, 0)."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
@@ -325,7 +342,10 @@ def train(c):
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(c, f, indent=1)
-        log_file = open(os.path.join(out, "log.jsonl"), "a" if c["init_from"] == "resume" else "w")
+        log_path = os.path.join(out, "log.jsonl")
+        if c["init_from"] == "resume" and os.path.exists(log_path):
+            trim_log(log_path, iter_num)
+        log_file = open(log_path, "a" if c["init_from"] == "resume" else "w")
         print("config:", " ".join(f"{k}={v!r}" for k, v in c.items()), f"(saved to {out}/config.json)")
         print(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
               f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={raw_model.config.op}")
@@ -429,6 +449,8 @@ def main(argv=None):
         return train(parse_config(sys.argv[1:] if argv is None else argv))
     except (ValueError, FloatingPointError) as e:  # ConfigError, DataError and the model's ValueErrors
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")
 
 
 if __name__ == "__main__":
