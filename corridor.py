@@ -129,11 +129,15 @@ def compare(runs):
     rows = sorted(sums, key=lambda s: s["final_val"])
     for s in rows:
         s["vs_attention"] = None if base is None else s["final_val"] - base
-    groups = {}
+    # runs of one seed share the initial weights and the data order, so the sharpest comparison is paired:
+    # each run against the attention run of the same seed
+    attn_by_seed = {r["config"].get("seed"): s["final_val"] for r, s in zip(runs, sums) if s["op"] == "attention"}
+    groups, seeds = {}, {}
     for run, s in zip(runs, sums):
         key = json.dumps({k: v for k, v in run["config"].items()
                           if k not in NOT_EXPERIMENT and not k.startswith("wandb")}, sort_keys=True)
         groups.setdefault(key, []).append(s)
+        seeds[s["name"]] = run["config"].get("seed")
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
     cfgs = {key: json.loads(key) for key in groups}
     varying = sorted({k for c in cfgs.values() for k in c if len({json.dumps(d.get(k)) for d in cfgs.values()}) > 1})
@@ -142,13 +146,16 @@ def compare(runs):
         cfg = cfgs[key]
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
+        paired = [m["final_val"] - attn_by_seed[seeds[m["name"]]] for m in members if seeds[m["name"]] in attn_by_seed]
         label = [str(cfg.get("op", "?"))] + [f"{k}={cfg.get(k)}" for k in varying
                                              if k != "op" and not (k in CONTROLS and cfg.get(k) == CONTROLS[k])]
         out.append({"label": " ".join(label),
                     "op": cfg.get("op"), "names": [m["name"] for m in members], "n": len(members),
                     "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
-                    "vs_attention": None if base is None else float(val.mean()) - base})
+                    "vs_attention": None if base is None else float(val.mean()) - base,
+                    "paired": paired, "paired_mean": float(np.mean(paired)) if paired else None,
+                    "paired_std": sample_std(paired)})
     return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"]), "attention_val": base}
 
 
@@ -248,12 +255,16 @@ def report(runs):
     if any(g["n"] > 1 for g in c["groups"]):
         print("\n== seed groups (mean ± sample std over runs that differ only in seed)")
         wg = max(len(g["label"]) for g in c["groups"])
-        print(f"   {'group':{wg}s} {'n':>2s} {'final val':>17s} {'vs attn':>8s} {'corridor>L1':>13s}")
+        print(f"   {'group':{wg}s} {'n':>2s} {'final val':>17s} {'vs attn':>8s} {'same seed vs attn':>27s}"
+              f" {'corridor>L1':>13s}")
         for g in c["groups"]:
             val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
             deep = "fixed" if g["op"] in FIXED_OPS else (
                 "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
-            print(f"   {g['label']:{wg}s} {g['n']:2d} {val:>17s} {fmt(g['vs_attention']):>8s} {deep:>13s}")
+            paired = "n/a" if g["paired_mean"] is None or g["op"] == "attention" else (
+                f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')} "
+                f"({sum(d < 0 for d in g['paired'])}/{len(g['paired'])} lower)")
+            print(f"   {g['label']:{wg}s} {g['n']:2d} {val:>17s} {fmt(g['vs_attention']):>8s} {paired:>27s} {deep:>13s}")
 
 
 def main(argv):

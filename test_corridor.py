@@ -92,6 +92,8 @@ def test_seed_groups_mean_std(tmp_path):
     assert attn["val_mean"] == pytest.approx(2.1) and attn["val_std"] == pytest.approx(0.141421, abs=1e-6)
     assert attn["deep_mean"] is None
     assert mix["vs_attention"] == pytest.approx(-0.2)
+    assert mix["paired"] == pytest.approx([-0.2, -0.3])  # seeds 0 and 1 have an attention run; seed 2 has none
+    assert mix["paired_mean"] == pytest.approx(-0.25) and mix["paired_std"] == pytest.approx(0.0707107, abs=1e-6)
     assert groups[0]["val_std"] is None  # one run: no sample std
 
 

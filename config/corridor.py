@@ -1,7 +1,7 @@
 # The paper's controlled experiments at demo scale: the shared settings. Each file in config/corridor/
 # adds one op or control on top; a run is  python train.py config/corridor.py config/corridor/mix.py --seed=0
 # All nine with 3 seeds, two runs at a time on a 2-core CPU (~45 minutes), then the table and figures:
-#   for e in config/corridor/*.py; do for s in 0 1 2; do echo $e $s; done; done | xargs -P 2 -n 2 sh -c 'OMP_NUM_THREADS=1 python train.py config/corridor.py $0 --seed=$1 --out_dir=out/corridor/$(basename $0 .py)_s$1 > /dev/null' && python corridor.py out/corridor/* --out=out/corridor
+#   for e in config/corridor/*.py; do for s in 0 1 2; do echo $e $s; done; done | xargs -P 2 -n 2 sh -c 'OMP_NUM_THREADS=1 python train.py config/corridor.py $0 --seed=$1 --out_dir=out/corridor/$(basename $0 .py)_s$1 > /dev/null' && python corridor.py out/corridor/* --out=out/corridor_figures
 dataset = "pydocs"
 device = "cpu"
 
