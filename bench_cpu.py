@@ -55,7 +55,7 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
 
 def main(argv):
     opts = {"ops": "attention,laplacian,mix", "impls": "sdpa", "block_sizes": "256", "batch_size": "8",
-            "iters": "20", "repeats": "2"}
+            "iters": "20", "repeats": "5"}
     for arg in argv:
         key, _, value = arg.removeprefix("--").partition("=")
         if key not in opts or not arg.startswith("--"):
