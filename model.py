@@ -355,12 +355,10 @@ class GPT(nn.Module):
         With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so
         fine-tuning starts from attention and the heads are free to move into the corridor.
         """
-        allowed = {"op", "laplacian_heads", "gamma_init", "delta_init", "learn_gamma", "learn_delta",
-                   "gamma_min", "impl", "dropout"}
         for key in overrides:
-            if key not in allowed:
+            if key not in PRETRAINED_OVERRIDES:
                 raise ValueError(f"from_pretrained cannot override {key!r}: the checkpoint fixes it; "
-                                 f"allowed are {', '.join(sorted(allowed))}")
+                                 f"allowed are {', '.join(PRETRAINED_OVERRIDES)}")
         if name_or_path not in PRETRAINED and not os.path.isdir(name_or_path):
             raise ValueError(f"unknown pretrained model {name_or_path!r}: use one of {', '.join(PRETRAINED)} "
                              "or a local directory saved with transformers' save_pretrained")
@@ -392,6 +390,9 @@ class GPT(nn.Module):
 
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# what GPT.from_pretrained may set on top of the GPT-2 checkpoint: the operator, its controls, the implementation
+PRETRAINED_OVERRIDES = ("op", "laplacian_heads", "gamma_init", "delta_init", "learn_gamma", "learn_delta",
+                        "gamma_min", "impl", "dropout")
 
 # dense bf16 peak FLOP/s of common GPUs, matched against torch.cuda.get_device_name()
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,

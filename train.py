@@ -28,7 +28,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, PRETRAINED_OVERRIDES, GPTConfig
 from prepare_data import ShardLoader, ensure_prepared, find_shards, load_meta, read_shard
 
 # -----------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def train(c):
 
     # --- data: prepared once by the master, the others wait ----------------------------------------------------------
     if master:
-        data_dir = ensure_prepared(c["dataset"])
+        ensure_prepared(c["dataset"])
     if ddp:
         torch.distributed.barrier()
     data_dir = ensure_prepared(c["dataset"])
@@ -277,9 +277,7 @@ def train(c):
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={c['init_from']!r} needs GPT-2 tokens but dataset {c['dataset']!r} uses "
                               f"the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        overrides = {k: c[k] for k in ("op", "laplacian_heads", "gamma_init", "delta_init", "learn_gamma",
-                                       "learn_delta", "gamma_min", "impl", "dropout")}
-        model = GPT.from_pretrained(c["init_from"], **overrides)
+        model = GPT.from_pretrained(c["init_from"], **{k: c[k] for k in PRETRAINED_OVERRIDES})
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])
     if c["block_size"] > model.config.block_size:
@@ -388,8 +386,7 @@ def train(c):
                 best_val_loss = min(best_val_loss, losses["val"])
                 atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                              "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                             "config": c, "loader": train_loader.state_dict(),
-                             "rng": {"torch": torch.get_rng_state()}}, ckpt_path)
+                             "config": c, "loader": train_loader.state_dict()}, ckpt_path)
                 print(f"saved checkpoint to {ckpt_path}")
             t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= c["max_iters"] or c["eval_only"]:
