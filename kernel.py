@@ -173,9 +173,11 @@ def _mix_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     return out, o_p, lse  # (B, H, T, D) mixed output, (B, H, T, D) P·v, (B, H, T) log2-sum-exp2
 
 
+# The fake (shape-only) versions tell torch.compile what the ops return: contiguous tensors, whatever the
+# strides of q (in the model q is a transposed view), exactly like the real ops.
 @_mix_fwd.register_fake
 def _(q, k, v, a, b):
-    return torch.empty_like(q), torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("nanocorridor::mix_attention_bwd", mutates_args=())
@@ -203,7 +205,7 @@ def _mix_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 @_mix_bwd.register_fake
 def _(dout, q, k, v, a, b, o_p, lse):
-    return torch.empty_like(q), torch.empty_like(q), torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), a.new_empty(a.shape), b.new_empty(b.shape)
 
 
 def _setup_context(ctx, inputs, output):

@@ -261,6 +261,21 @@ def test_kernel_training_step_equals_sdpa_step():
         assert torch.allclose(p, q, atol=1e-6)
 
 
+def test_compiled_model_through_the_kernel_equals_eager_sdpa():
+    """torch.compile traces around the kernel's custom op (q reaches it as a transposed, non-contiguous view)."""
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    models = [GPT(tiny("mix", impl=impl, n_embd=64)) for impl in ("triton", "sdpa")]
+    models[1].load_state_dict(models[0].state_dict())
+    compiled = torch.compile(models[0], backend="aot_eager", fullgraph=True)
+    losses = [m(tokens(), tokens())[1] for m in (compiled, models[1])]
+    for loss in losses:
+        loss.backward()
+    assert abs(losses[0].item() - losses[1].item()) < 1e-5
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
 # --- generation, MFU, demo ----------------------------------------------------------------------------------------
 
 
