@@ -238,22 +238,30 @@ def test_every_op_overfits_one_batch(op):
     assert first > math.log(TINY["vocab_size"]) - 0.2 and loss.item() < 0.2, (first, loss.item())
 
 
-def test_kernel_training_step_equals_sdpa_step():
-    """A training step through the fused Triton kernel (CPU interpreter here) gives the SDPA step's loss and gradients."""
+def kernel_and_sdpa_models():
+    """The same mix model (head size 16, distinct γ/δ per head) with impl='triton' and impl='sdpa'."""
     pytest.importorskip("triton")
     torch.manual_seed(0)
-    models = [GPT(tiny("mix", impl=impl, n_embd=64)) for impl in ("sdpa", "triton")]  # head size 16
+    models = [GPT(tiny("mix", impl=impl, n_embd=64)) for impl in ("triton", "sdpa")]
     models[1].load_state_dict(models[0].state_dict())
     for m in models:
         set_corridor(m, *random_corridor(m.config))
-    losses = []
-    for m in models:
-        loss = m(tokens(), tokens())[1]
+    return models
+
+
+def assert_same_loss_and_grads(forwards, models):
+    losses = [f(tokens(), tokens())[1] for f in forwards]
+    for loss in losses:
         loss.backward()
-        losses.append(loss.item())
-    assert abs(losses[0] - losses[1]) < 1e-5
+    assert abs(losses[0].item() - losses[1].item()) < 1e-5
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_kernel_training_step_equals_sdpa_step():
+    """A training step through the fused Triton kernel (CPU interpreter here) gives the SDPA step's loss and gradients."""
+    models = kernel_and_sdpa_models()
+    assert_same_loss_and_grads(models, models)
     # and the same optimizer step (plain SGD: AdamW would blow rounding noise in zero gradients up to lr)
     for m in models:
         torch.optim.SGD(m.parameters(), lr=0.1).step()
@@ -263,17 +271,9 @@ def test_kernel_training_step_equals_sdpa_step():
 
 def test_compiled_model_through_the_kernel_equals_eager_sdpa():
     """torch.compile traces around the kernel's custom op (q reaches it as a transposed, non-contiguous view)."""
-    pytest.importorskip("triton")
-    torch.manual_seed(0)
-    models = [GPT(tiny("mix", impl=impl, n_embd=64)) for impl in ("triton", "sdpa")]
-    models[1].load_state_dict(models[0].state_dict())
+    models = kernel_and_sdpa_models()
     compiled = torch.compile(models[0], backend="aot_eager", fullgraph=True)
-    losses = [m(tokens(), tokens())[1] for m in (compiled, models[1])]
-    for loss in losses:
-        loss.backward()
-    assert abs(losses[0].item() - losses[1].item()) < 1e-5
-    for p, q in zip(models[0].parameters(), models[1].parameters()):
-        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    assert_same_loss_and_grads([compiled, models[1]], models)
 
 
 # --- generation, MFU, demo ----------------------------------------------------------------------------------------

@@ -134,9 +134,9 @@ def parse_config(argv, defaults=DEFAULTS, none_types=NONE_TYPES):
 
 def get_lr(it, c):
     """Linear warmup, then cosine decay from learning_rate to min_lr at lr_decay_iters."""
-    decay_iters = c["lr_decay_iters"] or c["max_iters"]
     if not c["decay_lr"]:
         return c["learning_rate"]
+    decay_iters = c["lr_decay_iters"] or c["max_iters"]
     if it < c["warmup_iters"]:
         return c["learning_rate"] * (it + 1) / (c["warmup_iters"] + 1)
     if it > decay_iters:
@@ -367,7 +367,7 @@ def train(c):
     # --- the training loop --------------------------------------------------------------------------------------
     t0, iter0, running_mfu = time.time(), iter_num, -1.0
     while True:
-        lr = get_lr(iter_num, c) if c["decay_lr"] else c["learning_rate"]
+        lr = get_lr(iter_num, c)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
 
