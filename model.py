@@ -5,7 +5,7 @@ For head h and causal query position i, with P = softmax(q·kᵀ/√d) under the
 
     y_i = a_h · v_i  +  b_h · Σ_{j≤i} P_ij v_j        i.e. the head applies (a_h·I + b_h·P) to V
 
-`GPTConfig.op` chooses (a, b) per head:
+`GPTConfig.op` names a `HeadOperator`, which says where (a, b) come from:
 
     attention   a = 0,    b = 1                   softmax attention P
     laplacian   a = 1,    b = -1                  the Laplacian I - P, on the last `laplacian_heads` heads
@@ -13,9 +13,9 @@ For head h and causal query position i, with P = softmax(q·kᵀ/√d) under the
     mix_alpha   a = α0,   b = α1                  α0·I + α1·P
     mix_ab      a = β,    b = α - β               α·P + β·(I - P)
 
-Every op is the same (a, b) per head, so one function computes them all (`corridor_op`). Written the
-paper's way, every head has an effective γ = a/b and δ = b (`GPT.corridor()`); for γ ∈ (-1, 0), the
-"convex corridor", δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P) mixes attention with the negative Laplacian.
+Written the paper's way, every head has an effective γ = a/b and δ = b (`GPT.gamma_delta()`); for
+γ ∈ (-1, 0), the "convex corridor", δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P) mixes attention with the
+negative Laplacian. A new operator is one small class registered with `@register_op` (see the README).
 
 Classroom demo (prints one head's T×T operator and checks the corridor identity):
     python model.py --op=laplacian
@@ -23,16 +23,202 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 
 import math
 import os
-import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-OPS = ("attention", "laplacian", "mix", "mix_alpha", "mix_ab")
-CORRIDOR_SCALARS = ("gamma", "delta", "alpha0", "alpha1", "alpha", "beta", "a", "b")  # per-head operator tensors
+# -----------------------------------------------------------------------------
+# The head operator: the one place that says what a head computes
+
+OPS = {}  # op name -> HeadOperator subclass
+
+
+def register_op(name):
+    """Class decorator that makes an operator available as GPTConfig.op (and train.py's --op) = name."""
+    def add(cls):
+        OPS[name] = cls
+        return cls
+    return add
+
+
+class HeadOperator(nn.Module):
+    """The operator the heads of one layer apply to their values: head h computes (a_h·I + b_h·P)·V.
+
+    A subclass gives `coefficients()`, its settings with their defaults in `controls` (train.py accepts each
+    as --name=value) and their checks in `check`. Its parameters, the per-head scalars, get no weight decay
+    and their own learning-rate scale."""
+    controls = {}
+
+    def __init__(self, n_head, **controls):
+        super().__init__()
+        self.n_head = n_head
+
+    @classmethod
+    def check(cls, n_head, controls):
+        """Raise a ValueError naming the control when a value is not allowed."""
+
+    def scalar(self, name, value, learn=True):
+        """One value per head: a Parameter when learned, else a buffer (saved with the model, never trained)."""
+        t = torch.full((self.n_head,), float(value))
+        if learn:
+            setattr(self, name, nn.Parameter(t))
+        else:
+            self.register_buffer(name, t)
+
+    def fixed(self, a, b):
+        """Coefficients that follow from the config alone: buffers that move with the model, not saved."""
+        self.register_buffer("a", torch.as_tensor(a, dtype=torch.float32), persistent=False)
+        self.register_buffer("b", torch.as_tensor(b, dtype=torch.float32), persistent=False)
+
+    def coefficients(self):
+        """(a, b), each (nh,)."""
+        return self.a, self.b
+
+    def project(self):
+        """Called after every optimizer step: keep learned scalars where they are allowed to be."""
+
+    def forward(self, v, PV):  # v and PV = P·V: (B, nh, T, hs)
+        a, b = (c.to(v.dtype).view(-1, 1, 1) for c in self.coefficients())
+        return a * v + b * PV  # (a·I + b·P)·V
+
+
+@register_op("attention")
+class Attention(HeadOperator):
+    """Softmax attention P: a = 0, b = 1."""
+
+    def __init__(self, n_head):
+        super().__init__(n_head)
+        self.fixed(torch.zeros(n_head), torch.ones(n_head))
+
+    def forward(self, v, PV):
+        return PV  # nanoGPT's head exactly: no identity term to add
+
+
+@register_op("laplacian")
+class Laplacian(HeadOperator):
+    """The Laplacian I - P (Zhang & Papyan) on the last `laplacian_heads` heads, attention P on the rest."""
+    controls = dict(laplacian_heads=None)  # None: half the heads
+
+    @classmethod
+    def check(cls, n_head, controls):
+        n = controls["laplacian_heads"]
+        if n is not None and (type(n) is not int or not 0 <= n <= n_head):
+            raise ValueError(f"laplacian_heads={n!r} is not allowed: give an integer in 0..n_head={n_head}, or None for half")
+
+    def __init__(self, n_head, laplacian_heads):
+        super().__init__(n_head)
+        n = n_head // 2 if laplacian_heads is None else laplacian_heads
+        is_lap = (torch.arange(n_head) >= n_head - n).float()
+        self.fixed(is_lap, 1.0 - 2.0 * is_lap)
+
+
+@register_op("mix")
+class Mix(HeadOperator):
+    """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen there."""
+    controls = dict(gamma_init=0.0, delta_init=1.0, learn_gamma=True, learn_delta=True,
+                    gamma_min=None)  # gamma_min: γ is projected to ≥ gamma_min after every step
+
+    @classmethod
+    def check(cls, n_head, controls):
+        g_min = controls["gamma_min"]
+        if g_min is not None and type(g_min) not in (int, float):
+            raise ValueError(f"gamma_min={g_min!r} is not allowed: give a number (γ is kept ≥ it) or None")
+        if g_min is not None and controls["gamma_init"] < g_min:
+            raise ValueError(f"gamma_init={controls['gamma_init']} is below gamma_min={g_min}: start γ inside its range")
+
+    def __init__(self, n_head, gamma_init, delta_init, learn_gamma, learn_delta, gamma_min):
+        super().__init__(n_head)
+        self.scalar("gamma", gamma_init, learn_gamma)
+        self.scalar("delta", delta_init, learn_delta)
+        self.gamma_min = gamma_min
+
+    def coefficients(self):
+        return self.delta * self.gamma, self.delta
+
+    @torch.no_grad()
+    def project(self):
+        if self.gamma_min is not None:
+            self.gamma.clamp_(min=self.gamma_min)
+
+
+class StartsAtGammaDelta(HeadOperator):
+    """Alternative parameterisations, started where δ(γI + P) starts; δ = 0 would make the head output zero."""
+    controls = dict(gamma_init=0.0, delta_init=1.0)
+
+    @classmethod
+    def check(cls, n_head, controls):
+        if controls["delta_init"] == 0:
+            raise ValueError("delta_init=0 is not allowed here: δ=0 makes the head output zero; use a nonzero value")
+
+
+@register_op("mix_alpha")
+class MixAlpha(StartsAtGammaDelta):
+    """α0·I + α1·P, both learned."""
+
+    def __init__(self, n_head, gamma_init, delta_init):
+        super().__init__(n_head)
+        self.scalar("alpha0", delta_init * gamma_init)
+        self.scalar("alpha1", delta_init)
+
+    def coefficients(self):
+        return self.alpha0, self.alpha1
+
+
+@register_op("mix_ab")
+class MixAB(StartsAtGammaDelta):
+    """α·P + β(I - P) = β·I + (α - β)·P, both learned."""
+
+    def __init__(self, n_head, gamma_init, delta_init):
+        super().__init__(n_head)
+        self.scalar("alpha", delta_init * (1 + gamma_init))
+        self.scalar("beta", delta_init * gamma_init)
+
+    def coefficients(self):
+        return self.beta, self.alpha - self.beta
+
+
+# -----------------------------------------------------------------------------
+# The materialised reference (teaching, plots, tests) and the choice of implementation
+
+
+def causal_softmax(q, k):
+    """P = softmax(q·kᵀ/√d) with the causal mask, materialised: (B, nh, T, T)."""
+    T = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
+def operator_matrix(q, k, a, b, dropout_p=0.0):
+    """Every head's operator a·I + b·P, materialised: (B, nh, T, T). a, b: (nh,). Memory grows with T²."""
+    P = F.dropout(causal_softmax(q, k), dropout_p)  # (B, nh, T, T)
+    I = torch.eye(q.size(-2), dtype=P.dtype, device=P.device)  # (T, T)
+    return a.to(P.dtype).view(-1, 1, 1) * I + b.to(P.dtype).view(-1, 1, 1) * P
+
+
 IMPLS = ("auto", "sdpa", "materialized", "triton")
+
+
+def resolve_impl(impl, op, q, dropout_p):
+    """'auto': the fused Triton kernel on CUDA where it applies and works (triton installed, head size
+    supported, no attention dropout, kernel compiles on this GPU); SDPA otherwise. Plain attention gains
+    nothing from the kernel."""
+    if impl != "auto":
+        return impl
+    if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
+        try:
+            import kernel  # lazy: imports triton
+        except ImportError:
+            return "sdpa"
+        if q.size(-1) in kernel.HEAD_DIMS and kernel.usable(q.device, q.dtype, q.size(-1)):
+            return "triton"
+    return "sdpa"
+
+
+# -----------------------------------------------------------------------------
+# The model
 
 
 @dataclass
@@ -44,177 +230,66 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
-    op: str = "attention"  # one of OPS
-    laplacian_heads: int = None  # op=laplacian: how many trailing heads per layer use I - P (None: half)
-    gamma_init: float = 0.0  # op=mix*: the operator starts at δ(γI + P) with these values
-    delta_init: float = 1.0
-    learn_gamma: bool = True  # op=mix: False freezes γ at gamma_init
-    learn_delta: bool = True  # op=mix: False freezes δ at delta_init
-    gamma_min: float = None  # op=mix: γ is projected to ≥ gamma_min after every optimizer step
-    impl: str = "auto"  # auto: fused Triton kernel on CUDA, else SDPA; or sdpa | materialized | triton
+    op: str = "mix"  # what every head applies to its values: a name in OPS
+    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset ones take defaults
+    impl: str = "auto"  # auto | sdpa | materialized | triton
+    # GPT-2 was trained with the tanh approximation, so its imported weights need it; a model trained from
+    # scratch does not care, and the exact GELU is the faster one on CPUs
+    gelu: str = "none"  # none (exact) | tanh
 
     def __post_init__(self):
-        def bad(field, allowed):
-            raise ValueError(f"GPTConfig.{field}={getattr(self, field)!r} is not allowed: {allowed}")
+        def bad(key, allowed):
+            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
 
         if self.op not in OPS:
             bad("op", f"choose one of {', '.join(OPS)}")
-        if self.impl not in IMPLS:
-            bad("impl", f"choose one of {', '.join(IMPLS)}")
-        for field in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
-                bad(field, "it must be a positive integer")
+        for key, choices in (("impl", IMPLS), ("gelu", ("none", "tanh"))):
+            if getattr(self, key) not in choices:
+                bad(key, f"choose one of {', '.join(choices)}")
+        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
+                bad(key, "it must be a positive integer")
         if self.n_embd % self.n_head:
             bad("n_embd", f"it must be divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             bad("dropout", "it must be in [0, 1)")
-        if self.laplacian_heads is not None:
-            if self.op != "laplacian":
-                bad("laplacian_heads", "it is only used with op='laplacian'")
-            if not isinstance(self.laplacian_heads, int) or not 0 <= self.laplacian_heads <= self.n_head:
-                bad("laplacian_heads", f"it must be an integer in 0..n_head={self.n_head}")
-        # the controls of the paper's experiments: each names the ops that have it
-        controls = {"gamma_init": (0.0, ("mix", "mix_alpha", "mix_ab")),
-                    "delta_init": (1.0, ("mix", "mix_alpha", "mix_ab")),
-                    "learn_gamma": (True, ("mix",)), "learn_delta": (True, ("mix",)),
-                    "gamma_min": (None, ("mix",))}
-        for field, (default, ops) in controls.items():
-            if getattr(self, field) != default and self.op not in ops:
-                bad(field, f"op={self.op!r} has no such control; it applies to op in {ops}")
-        if self.op == "mix" and self.gamma_min is not None and self.gamma_init < self.gamma_min:
-            bad("gamma_init", f"it is below gamma_min={self.gamma_min}")
-        if self.op in ("mix_alpha", "mix_ab") and self.delta_init == 0:
-            bad("delta_init", "δ=0 makes the head output zero; use a nonzero value")
-
-    @property
-    def n_laplacian(self):
-        if self.op != "laplacian":
-            return 0
-        return self.n_head // 2 if self.laplacian_heads is None else self.laplacian_heads
-
-
-# -----------------------------------------------------------------------------
-# The operator: the one place that says what a head computes
-
-
-def causal_softmax(q, k):
-    """P = softmax(q·kᵀ/√d) with the causal mask, materialised: (B, nh, T, T). For teaching and tests."""
-    T = q.size(-2)
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-
-
-def corridor_matrix(q, k, a, b):
-    """The operator a·I + b·P of every head, materialised: (B, nh, T, T). a, b: (nh,)."""
-    P = causal_softmax(q, k)  # (B, nh, T, T)
-    I = torch.eye(q.size(-2), dtype=P.dtype, device=P.device)  # (T, T)
-    return a.view(-1, 1, 1) * I + b.view(-1, 1, 1) * P
-
-
-def corridor_op(q, k, v, a, b, impl="sdpa", dropout_p=0.0):
-    """y = (a·I + b·P)·v for every head. q, k, v: (B, nh, T, hs); a, b: (nh,) -> (B, nh, T, hs).
-
-    The training paths never build the T×T matrix: P·v comes from flash attention (SDPA) and the
-    identity term is just a·v, or the fused Triton kernel does both in one pass.
-    """
-    if impl == "materialized":
-        P = causal_softmax(q, k)  # (B, nh, T, T)
-        PV = F.dropout(P, dropout_p) @ v  # (B, nh, T, hs)
-    elif impl == "triton":
-        from kernel import mix_attention  # lazy: triton is only needed here
-        return mix_attention(q, k, v, a, b)
-    else:
-        PV = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (B, nh, T, hs)
-    return a.view(-1, 1, 1) * v + b.view(-1, 1, 1) * PV
-
-
-def resolve_impl(impl, q, dropout_p):
-    """'auto' picks the fused kernel on CUDA when triton is installed and supports the head size (and there
-    is no attention dropout, which the kernel does not do); SDPA otherwise."""
-    if impl != "auto":
-        return impl
-    if q.is_cuda and dropout_p == 0.0:
-        try:
-            from kernel import HEAD_DIMS  # lazy: imports triton
-        except ImportError:
-            return "sdpa"
-        if q.size(-1) in HEAD_DIMS:
-            return "triton"
-    return "sdpa"
-
-
-# -----------------------------------------------------------------------------
-# The model
+        Op = OPS[self.op]
+        for key in self.controls:
+            if key not in Op.controls:
+                has = ", ".join(Op.controls) or "none"
+                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); drop it or change op")
+        self.controls = {**Op.controls, **self.controls}
+        Op.check(self.n_head, self.controls)
 
 
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_head, self.dropout, self.impl, self.op = config.n_head, config.dropout, config.impl, config.op
-        self.gamma_min = config.gamma_min
+        self.n_head, self.n_embd, self.dropout, self.impl = config.n_head, config.n_embd, config.dropout, config.impl
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v projections
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        nh, g, d = config.n_head, config.gamma_init, config.delta_init
-
-        def scalar(name, value, learn=True):
-            # one value per head; a frozen scalar is a buffer: saved with the model, never trained
-            t = torch.full((nh,), float(value))
-            if learn:
-                setattr(self, name, nn.Parameter(t))
-            else:
-                self.register_buffer(name, t)
-
-        if config.op == "laplacian":  # fixed: the last n_laplacian heads use I - P
-            is_lap = torch.arange(nh) >= nh - config.n_laplacian
-            self.register_buffer("a", is_lap.float())
-            self.register_buffer("b", 1.0 - 2.0 * is_lap.float())
-        elif config.op == "mix":  # δ(γI + P)
-            scalar("gamma", g, config.learn_gamma)
-            scalar("delta", d, config.learn_delta)
-        elif config.op == "mix_alpha":  # α0·I + α1·P, started where δ(γI + P) starts
-            scalar("alpha0", d * g)
-            scalar("alpha1", d)
-        elif config.op == "mix_ab":  # α·P + β(I - P) = β·I + (α - β)·P
-            scalar("alpha", d * (1 + g))
-            scalar("beta", d * g)
-
-    def coefficients(self):
-        """(a, b), each (nh,): this layer's heads apply a·I + b·P."""
-        if self.op == "attention":
-            ones = self.c_attn.weight.new_ones(self.n_head)
-            return 0 * ones, ones
-        if self.op == "laplacian":
-            return self.a, self.b
-        if self.op == "mix":
-            return self.delta * self.gamma, self.delta
-        if self.op == "mix_alpha":
-            return self.alpha0, self.alpha1
-        return self.beta, self.alpha - self.beta  # mix_ab
-
-    @torch.no_grad()
-    def project_gamma(self):
-        if self.op == "mix" and self.gamma_min is not None:
-            self.gamma.clamp_(min=self.gamma_min)
+        self.op = OPS[config.op](config.n_head, **config.controls)
 
     def qkv(self, x):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
-
-    def operator_matrix(self, x):
-        """Every head's T×T operator a·I + b·P for input x (B, T, C), materialised: (B, nh, T, T)."""
-        q, k, _ = self.qkv(x)
-        return corridor_matrix(q, k, *self.coefficients())
 
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
-        a, b = self.coefficients()
         dropout_p = self.dropout if self.training else 0.0
-        y = corridor_op(q, k, v, a.to(q.dtype), b.to(q.dtype), resolve_impl(self.impl, q, dropout_p), dropout_p)
+        impl = resolve_impl(self.impl, self.op, q, dropout_p)
+        if impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
+            from kernel import mix_attention
+            y = mix_attention(q, k, v, *self.op.coefficients())
+        elif impl == "materialized":
+            y = operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash attention
+            y = self.op(v, y)  # (a·I + b·P)·V: the one new line
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -224,7 +299,7 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.gelu = nn.GELU(approximate=config.gelu)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -299,30 +374,33 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
+    def head_operators(self):
+        return [block.attn.op for block in self.transformer.h]
+
     @torch.no_grad()
-    def corridor(self):
+    def gamma_delta(self):
         """Effective (γ, δ) of every head, each (n_layer, n_head): a·I + b·P = δ(γI + P) with γ = a/b, δ = b."""
-        a, b = (torch.stack(t).float().cpu() for t in zip(*(blk.attn.coefficients() for blk in self.transformer.h)))
+        a, b = (torch.stack(t).float().cpu() for t in zip(*(op.coefficients() for op in self.head_operators())))
         return a / b, b
 
-    def project_gamma(self):
-        """Keep γ ≥ gamma_min (the paper's 'γ ≥ 0' control). Call after every optimizer step."""
-        for block in self.transformer.h:
-            block.attn.project_gamma()
+    def project(self):
+        """Apply every operator's constraint (e.g. γ ≥ gamma_min). Call after every optimizer step."""
+        for op in self.head_operators():
+            op.project()
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, corridor_lr_scale=1.0):
-        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on γ, δ, α, β, norms, biases.
-        The corridor scalars get learning_rate × corridor_lr_scale (group key "lr_scale", which the training
-        loop applies): Adam moves each by about its lr per step, too little to see at fine-tuning rates."""
-        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        is_scalar = lambda n: n.rsplit(".", 1)[-1] in CORRIDOR_SCALARS
-        groups = [{"params": [p for n, p in named if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for n, p in named if p.dim() < 2 and not is_scalar(n)], "weight_decay": 0.0},
-                  {"params": [p for n, p in named if is_scalar(n)], "weight_decay": 0.0, "lr_scale": corridor_lr_scale}]
+    def configure_optimizers(self, weight_decay, learning_rate, betas, op_lr_scale=1.0):
+        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on norms, biases or the
+        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale", which
+        the training loop applies): Adam moves each by about its lr per step, too little to see when fine-tuning."""
+        op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2 and id(p) not in op_params], "weight_decay": 0.0},
+                  {"params": [p for p in params if id(p) in op_params], "weight_decay": 0.0, "lr_scale": op_lr_scale}]
         groups = [g for g in groups if g["params"]]
         for g in groups:
             g["lr"] = learning_rate * g.get("lr_scale", 1.0)
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
         """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown devices."""
@@ -336,29 +414,29 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Continue idx (B, T) by max_new_tokens tokens, sampling each from the model's distribution."""
+        """Continue idx (B, T) by max_new_tokens tokens, each sampled from the model's distribution
+        sharpened by temperature (0: always the most likely token) and cut to the top_k most likely."""
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :]  # (B, vocab_size)
+            if temperature == 0:
+                idx_next = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path, **overrides):
-        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), for any op.
+    def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="auto"):
+        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op.
 
         With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so
         fine-tuning starts from attention and the heads are free to move into the corridor.
         """
-        for key in overrides:
-            if key not in PRETRAINED_OVERRIDES:
-                raise ValueError(f"from_pretrained cannot override {key!r}: the checkpoint fixes it; "
-                                 f"allowed are {', '.join(PRETRAINED_OVERRIDES)}")
         if name_or_path not in PRETRAINED and not os.path.isdir(name_or_path):
             raise ValueError(f"unknown pretrained model {name_or_path!r}: use one of {', '.join(PRETRAINED)} "
                              "or a local directory saved with transformers' save_pretrained")
@@ -370,12 +448,13 @@ class GPT(nn.Module):
                              "offline, pass a local directory saved with save_pretrained instead") from None
         c = hf.config
         config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                           n_embd=c.n_embd, bias=True, **overrides)
+                           n_embd=c.n_embd, bias=True, gelu="tanh", op=op, controls=controls or {},
+                           dropout=dropout, impl=impl)
         model = cls(config)
         sd, sd_hf = model.state_dict(), hf.state_dict()
         # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        missing = [k for k in sd if k not in sd_hf and k.rsplit(".", 1)[-1] not in CORRIDOR_SCALARS]
+        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]  # the operators' scalars are ours
         if missing:
             raise ValueError(f"{name_or_path!r} is not a GPT-2 checkpoint: it lacks {missing[0]}")
         for key, w in sd_hf.items():
@@ -390,9 +469,6 @@ class GPT(nn.Module):
 
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-# what GPT.from_pretrained may set on top of the GPT-2 checkpoint: the operator, its controls, the implementation
-PRETRAINED_OVERRIDES = ("op", "laplacian_heads", "gamma_init", "delta_init", "learn_gamma", "learn_delta",
-                        "gamma_min", "impl", "dropout")
 
 # dense bf16 peak FLOP/s of common GPUs, matched against torch.cuda.get_device_name()
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
@@ -414,12 +490,14 @@ def peak_flops(device):
 @torch.no_grad()
 def demo(op="mix", gamma=-0.5, T=6, seed=0):
     torch.manual_seed(seed)
-    controls = {"gamma_init": gamma} if op.startswith("mix") else {}
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op, **controls)
+    controls = {"gamma_init": gamma} if "gamma_init" in OPS[op].controls else {}
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op, controls=controls)
     model = GPT(config).double().eval()
     x = torch.randn(1, T, config.n_embd, dtype=torch.float64)
-    M = model.transformer.h[0].attn.operator_matrix(x)[0]  # (nh, T, T)
-    gamma_h, delta_h = model.corridor()
+    attn = model.transformer.h[0].attn
+    q, k, _ = attn.qkv(x)
+    M = operator_matrix(q, k, *attn.op.coefficients())[0]  # (nh, T, T)
+    gamma_h, delta_h = model.gamma_delta()
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
     print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma_h[0, h]:.3f}, δ = {delta_h[0, h]:.3f}")
@@ -429,7 +507,6 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
     # the convex corridor: for γ in (-1, 0), δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P)
     g, d = -0.3, 1.7
-    q, k, _ = model.transformer.h[0].attn.qkv(x)
     P = causal_softmax(q, k)[0, 0]  # (T, T)
     I = torch.eye(T, dtype=P.dtype)
     lhs, rhs = d * (g * I + P), d * (abs(g) * (P - I) + (1 - abs(g)) * P)
@@ -438,12 +515,10 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 
 if __name__ == "__main__":
-    args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
-    unknown = [a for a in sys.argv[1:] if not (a.startswith("--") and "=" in a)] + \
-              [k for k in args if k not in ("op", "gamma")]
-    if unknown:
-        sys.exit(f"unknown argument {unknown[0]!r}: usage: python model.py --op={{{','.join(OPS)}}} [--gamma=-0.5]")
+    import sys
+    from configurator import ConfigError, configure, one_of
     try:
-        demo(args.get("op", "mix"), float(args.get("gamma", -0.5)))
-    except ValueError as e:
+        cfg = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        demo(cfg.op, cfg.gamma)
+    except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")

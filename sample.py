@@ -11,7 +11,8 @@ import torch
 
 from model import GPT, GPTConfig
 from prepare_data import get_tokenizer, load_meta
-from train import ConfigError, load_checkpoint, parse_config
+from configurator import ConfigError, configure, optional
+from train import load_checkpoint
 
 DEFAULTS = dict(
     out_dir="out/demo",  # the run directory holding ckpt.pt
@@ -50,6 +51,6 @@ def sample(c):
 
 if __name__ == "__main__":
     try:
-        sample(parse_config(sys.argv[1:], DEFAULTS, {"top_k": int}))
+        sample(vars(configure(DEFAULTS, sys.argv[1:], {"top_k": optional(int)}, files=False)[0]))
     except ValueError as e:
         sys.exit(f"error: {e}")

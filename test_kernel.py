@@ -8,7 +8,7 @@ import torch
 
 import kernel
 from kernel import mix_attention
-from model import corridor_matrix
+from model import operator_matrix
 
 # one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), and a generic mix
 A_HEADS = [0.0, 1.0, -0.4 * 1.3, 0.3]
@@ -28,7 +28,7 @@ def make_inputs(B, T, D, dtype=torch.float32, device="cpu", seed=0):
 
 
 def reference(q, k, v, a, b):
-    return corridor_matrix(q, k, a, b) @ v
+    return operator_matrix(q, k, a, b) @ v
 
 
 def rel_err(x, ref):

@@ -9,26 +9,30 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, OPS, causal_softmax, corridor_matrix, corridor_op
+from model import GPT, GPTConfig, OPS, causal_softmax, operator_matrix
 
 TINY = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=32)
 
 
+CONTROLS = {k for Op in OPS.values() for k in Op.controls}
+
+
 def tiny(op, **kw):
-    return GPTConfig(**{**TINY, "op": op, **kw})
+    """A tiny config; keyword arguments that are op controls (gamma_init=...) go into controls."""
+    controls = {k: v for k, v in kw.items() if k in CONTROLS}
+    return GPTConfig(**{**TINY, "op": op, "controls": controls, **{k: v for k, v in kw.items() if k not in CONTROLS}})
 
 
 def set_corridor(model, gamma, delta):
     """Put model (any mix op) at per-head (γ, δ) of shape (n_layer, n_head), through its own parameters."""
     with torch.no_grad():
-        for blk, g, d in zip(model.transformer.h, gamma, delta):
-            attn = blk.attn
-            if attn.op == "mix":
-                attn.gamma.copy_(g), attn.delta.copy_(d)
-            elif attn.op == "mix_alpha":  # α0 = δγ, α1 = δ
-                attn.alpha0.copy_(d * g), attn.alpha1.copy_(d)
-            elif attn.op == "mix_ab":  # β = δγ, α - β = δ
-                attn.beta.copy_(d * g), attn.alpha.copy_(d * (1 + g))
+        for op, g, d in zip(model.head_operators(), gamma, delta):
+            if model.config.op == "mix":
+                op.gamma.copy_(g), op.delta.copy_(d)
+            elif model.config.op == "mix_alpha":  # α0 = δγ, α1 = δ
+                op.alpha0.copy_(d * g), op.alpha1.copy_(d)
+            elif model.config.op == "mix_ab":  # β = δγ, α - β = δ
+                op.beta.copy_(d * g), op.alpha.copy_(d * (1 + g))
 
 
 def random_corridor(config, seed=0):
@@ -73,7 +77,7 @@ def test_mix_at_gamma_minus1_delta_minus1_is_all_laplacian(attention_model):
     lap = same_weights("laplacian", attention_model, laplacian_heads=TINY["n_head"]).eval()
     mix = same_weights("mix", attention_model, gamma_init=-1.0, delta_init=-1.0).eval()
     assert torch.allclose(logits(mix, tokens()), logits(lap, tokens()), atol=1e-12)
-    gamma, delta = lap.corridor()
+    gamma, delta = lap.gamma_delta()
     assert (gamma == -1).all() and (delta == -1).all()
 
 
@@ -83,7 +87,7 @@ def test_alternative_parameterisations_equal_mix(op, attention_model):
     mix, other = same_weights("mix", attention_model).eval(), same_weights(op, attention_model).eval()
     set_corridor(mix, gamma, delta), set_corridor(other, gamma, delta)
     assert torch.allclose(logits(other, tokens()), logits(mix, tokens()), atol=1e-10)
-    for got, want in zip(other.corridor(), (gamma, delta)):
+    for got, want in zip(other.gamma_delta(), (gamma, delta)):
         assert torch.allclose(got.double(), want, atol=1e-6)
 
 
@@ -92,7 +96,7 @@ def test_corridor_identity_on_materialised_matrices():
     P, I = causal_softmax(q, k), torch.eye(7, dtype=torch.float64)
     for gamma in (-0.9, -0.5, -0.1):
         for delta in (0.7, 1.0, 2.5):
-            M = corridor_matrix(q, k, torch.full((3,), delta * gamma, dtype=torch.float64), torch.full((3,), delta, dtype=torch.float64))
+            M = operator_matrix(q, k, torch.full((3,), delta * gamma, dtype=torch.float64), torch.full((3,), delta, dtype=torch.float64))
             convex = delta * (abs(gamma) * (P - I) + (1 - abs(gamma)) * P)  # attention and negative Laplacian
             assert torch.allclose(M, convex, atol=1e-14)
             assert torch.allclose(M.sum(-1), torch.full((2, 3, 7), delta * (1 + gamma), dtype=torch.float64))
@@ -102,20 +106,20 @@ def test_laplacian_rows_sum_to_zero():
     q, k = torch.randn(2, 4, 9, 8, dtype=torch.float64), torch.randn(2, 4, 9, 8, dtype=torch.float64)
     a, b = torch.ones(4, dtype=torch.float64), -torch.ones(4, dtype=torch.float64)  # I - P
     v_const = torch.randn(2, 4, 1, 8, dtype=torch.float64).expand(2, 4, 9, 8)
-    assert corridor_op(q, k, v_const, a, b).abs().max() < 1e-12  # a constant signal has no deviation
+    assert (operator_matrix(q, k, a, b) @ v_const).abs().max() < 1e-12  # a constant signal has no deviation
     v = torch.randn(2, 4, 9, 8, dtype=torch.float64)
-    assert corridor_op(q, k, v, a, b)[:, :, 0].abs().max() < 1e-12  # the first position sees only itself
+    assert (operator_matrix(q, k, a, b) @ v)[:, :, 0].abs().max() < 1e-12  # the first position sees only itself
     gamma, delta = -0.3, 1.4  # and a mix head's first position outputs δ(1 + γ)v_0
-    y0 = corridor_op(q, k, v, torch.full((4,), delta * gamma, dtype=torch.float64), torch.full((4,), delta, dtype=torch.float64))[:, :, 0]
+    y0 = (operator_matrix(q, k, torch.full((4,), delta * gamma, dtype=torch.float64), torch.full((4,), delta, dtype=torch.float64)) @ v)[:, :, 0]
     assert torch.allclose(y0, delta * (1 + gamma) * v[:, :, 0])
 
 
 def test_laplacian_heads_are_the_trailing_heads():
     model = GPT(tiny("laplacian", n_head=4, laplacian_heads=1))
-    gamma, delta = model.corridor()
+    gamma, delta = model.gamma_delta()
     assert gamma.tolist() == [[0, 0, 0, -1]] * 2 and delta.tolist() == [[1, 1, 1, -1]] * 2
-    assert GPT(tiny("laplacian")).corridor()[0].tolist() == [[0, 0, -1, -1]] * 2  # default: half
-    assert (GPT(tiny("laplacian", laplacian_heads=0)).corridor()[0] == 0).all()
+    assert GPT(tiny("laplacian")).gamma_delta()[0].tolist() == [[0, 0, -1, -1]] * 2  # default: half
+    assert (GPT(tiny("laplacian", laplacian_heads=0)).gamma_delta()[0] == 0).all()
 
 
 # --- fast path == materialised reference, outputs and gradients, every op -------------------------------------------
@@ -180,12 +184,12 @@ def test_parameter_counts():
     assert GPT(tiny("mix", learn_gamma=False)).get_num_params() == base + L * H
     frozen = GPT(tiny("mix", gamma_init=-0.5, learn_gamma=False, learn_delta=False))
     assert frozen.get_num_params() == base
-    assert frozen.corridor()[0].eq(-0.5).all() and frozen.corridor()[1].eq(1.0).all()
+    assert frozen.gamma_delta()[0].eq(-0.5).all() and frozen.gamma_delta()[1].eq(1.0).all()
 
 
 def test_no_weight_decay_on_corridor_scalars_and_their_lr_scale():
     model = GPT(tiny("mix_ab"))
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu", corridor_lr_scale=50.0)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), op_lr_scale=50.0)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     scaled = {id(p) for g in opt.param_groups if g["lr"] == 5e-2 for p in g["params"]}
     for name, p in model.named_parameters():
@@ -196,28 +200,28 @@ def test_no_weight_decay_on_corridor_scalars_and_their_lr_scale():
 def test_gamma_min_holds_after_optimizer_steps():
     torch.manual_seed(0)
     model = GPT(tiny("mix", gamma_min=0.0))
-    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95), "cpu")
+    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95))
     idx = tokens()
     went_below = False
     for _ in range(20):
-        loss = model(idx, idx)[1] + 10 * sum(b.attn.gamma.sum() for b in model.transformer.h)  # pushes γ down
+        loss = model(idx, idx)[1] + 10 * sum(op.gamma.sum() for op in model.head_operators())  # pushes γ down
         opt.zero_grad()
         loss.backward()
         opt.step()
-        went_below |= bool((model.corridor()[0] < 0).any())
-        model.project_gamma()
-        assert (model.corridor()[0] >= 0).all()
+        went_below |= bool((model.gamma_delta()[0] < 0).any())
+        model.project()
+        assert (model.gamma_delta()[0] >= 0).all()
     assert went_below  # the projection had work to do
 
 
 def test_frozen_scalars_do_not_move():
     torch.manual_seed(0)
     model = GPT(tiny("mix", gamma_init=-0.5, learn_gamma=False, learn_delta=False))
-    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95), "cpu")
+    opt = model.configure_optimizers(0.0, 0.05, (0.9, 0.95))
     for _ in range(3):
         loss = model(tokens(), tokens())[1]
         opt.zero_grad(), loss.backward(), opt.step()
-    gamma, delta = model.corridor()
+    gamma, delta = model.gamma_delta()
     assert gamma.eq(-0.5).all() and delta.eq(1.0).all()
 
 
@@ -225,7 +229,7 @@ def test_frozen_scalars_do_not_move():
 def test_every_op_overfits_one_batch(op):
     torch.manual_seed(0)
     model = GPT(tiny(op))
-    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95), "cpu")
+    opt = model.configure_optimizers(0.0, 3e-3, (0.9, 0.95))
     idx = tokens(B=4)
     x, y = idx[:, :-1], idx[:, 1:]
     first = None
@@ -311,7 +315,7 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
     model = GPT.from_pretrained(str(tmp_path), op="mix").eval()
     got = model(idx, idx)[0]
     assert (got - want).abs().max() <= 1e-4
-    gamma, delta = model.corridor()
+    gamma, delta = model.gamma_delta()
     assert gamma.eq(0).all() and delta.eq(1).all()
     lap = GPT.from_pretrained(str(tmp_path), op="laplacian").eval()
     assert (lap(idx, idx)[0] - want).abs().max() > 1e-3  # a different op really computes something else
@@ -321,19 +325,25 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(op="softmax"), "op='softmax'"),
-    (dict(op="laplacian", laplacian_heads=5), "laplacian_heads=5"),
-    (dict(op="laplacian", laplacian_heads=-1), "laplacian_heads=-1"),
-    (dict(n_embd=30), "n_embd=30"),
-    (dict(op="attention", gamma_init=-0.5), "gamma_init=-0.5"),
-    (dict(op="laplacian", learn_delta=False), "learn_delta=False"),
-    (dict(op="mix_alpha", gamma_min=0.0), "gamma_min=0.0"),
-    (dict(op="mix", laplacian_heads=1), "laplacian_heads=1"),
-    (dict(op="mix", gamma_min=0.0, gamma_init=-0.5), "gamma_init=-0.5"),
-    (dict(impl="cuda"), "impl='cuda'"),
+    (dict(op="softmax"), "op='softmax' is not allowed: choose one of attention"),
+    (dict(op="laplacian", laplacian_heads=5), "laplacian_heads=5 is not allowed"),
+    (dict(op="laplacian", laplacian_heads=-1), "laplacian_heads=-1 is not allowed"),
+    (dict(op="laplacian", laplacian_heads=1.5), "laplacian_heads=1.5 is not allowed"),
+    (dict(n_embd=30), "n_embd=30 is not allowed"),
+    (dict(n_layer=0), "n_layer=0 is not allowed"),
+    (dict(dropout=1.0), "dropout=1.0 is not allowed"),
+    (dict(op="attention", gamma_init=-0.5), "gamma_init is not a control of op='attention'"),
+    (dict(op="laplacian", learn_delta=False), "learn_delta is not a control of op='laplacian'"),
+    (dict(op="mix_alpha", gamma_min=0.0), "gamma_min is not a control of op='mix_alpha'"),
+    (dict(op="mix", laplacian_heads=1), "laplacian_heads is not a control of op='mix'"),
+    (dict(op="mix", gamma_min=0.0, gamma_init=-0.5), "gamma_init=-0.5 is below gamma_min=0.0"),
+    (dict(op="mix", gamma_min="low"), "gamma_min='low' is not allowed"),
+    (dict(op="mix_ab", delta_init=0.0), "delta_init=0 is not allowed"),
+    (dict(impl="cuda"), "impl='cuda' is not allowed"),
+    (dict(gelu="fast"), "gelu='fast' is not allowed"),
 ])
 def test_bad_config_raises_clear_error(kw, words):
-    with pytest.raises(ValueError, match=f"GPTConfig.{words}"):
+    with pytest.raises(ValueError, match=words):
         tiny(**{"op": "attention", **kw})
 
 
@@ -343,7 +353,5 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="unknown pretrained model 'gpt3'"):
         GPT.from_pretrained("gpt3")
-    with pytest.raises(ValueError, match="cannot override 'n_layer'"):
-        GPT.from_pretrained("gpt2", n_layer=2)
     with pytest.raises(ValueError, match="could not load"):
         GPT.from_pretrained(str(tmp_path))  # an existing directory that holds no model

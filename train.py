@@ -19,6 +19,7 @@ import difflib
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from ast import literal_eval
@@ -28,7 +29,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from model import GPT, PRETRAINED_OVERRIDES, GPTConfig
+from configurator import ConfigError, configure, one_of
+from model import GPT, OPS, GPTConfig
 from prepare_data import ShardLoader, ensure_prepared, find_shards, load_meta, read_shard
 
 # -----------------------------------------------------------------------------
@@ -55,14 +57,9 @@ n_head = 6
 n_embd = 384
 dropout = 0.0
 bias = True
-op = "mix"  # attention | laplacian | mix | mix_alpha | mix_ab
-laplacian_heads = None
-gamma_init = 0.0
-delta_init = 1.0
-learn_gamma = True
-learn_delta = True
-gamma_min = None
+op = "mix"  # attention | laplacian | mix | mix_alpha | mix_ab (model.OPS), with its controls (e.g. gamma_init)
 impl = "auto"
+gelu = "none"
 # AdamW, warmup + cosine decay
 learning_rate = 6e-4
 max_iters = 5000
@@ -74,62 +71,20 @@ decay_lr = True
 warmup_iters = 100
 lr_decay_iters = None  # None: max_iters
 min_lr = 6e-5
-corridor_lr_scale = 1.0  # the per-head γ, δ, α, β learn at learning_rate × this (e.g. 100 when fine-tuning)
+op_lr_scale = 1.0  # the per-head γ, δ, α, β learn at learning_rate × this (e.g. 100 when fine-tuning)
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
 compile = None  # None: on for CUDA, off elsewhere
 seed = 1337
 DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-# what a key whose default is None may be set to
-NONE_TYPES = {"laplacian_heads": int, "gamma_min": float, "lr_decay_iters": int, "compile": bool}
+CONTROLS = {k: v for Op in OPS.values() for k, v in Op.controls.items()}  # every op's settings, e.g. gamma_init
 # -----------------------------------------------------------------------------
 
 
-class ConfigError(ValueError):
-    pass
-
-
-def check_value(key, value, defaults, none_types):
-    """One config value against the type of its default; ints are fine where floats are expected."""
-    if key not in defaults:
-        close = difflib.get_close_matches(key, defaults, n=3)
-        raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
-    want = none_types.get(key, type(defaults[key]))
-    if value is None and key in none_types:
-        return None
-    if want is float and type(value) is int:
-        return float(value)
-    if type(value) is not want:
-        raise ConfigError(f"config key {key!r} expects a {want.__name__}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def parse_config(argv, defaults=DEFAULTS, none_types=NONE_TYPES):
-    """nanoGPT-style: defaults, then config files (python assigning globals), then --key=value overrides."""
-    config = dict(defaults)
-    for arg in argv:
-        if not arg.startswith("--"):
-            if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg!r} not found; pass a file like config/train_demo.py")
-            scope = {}
-            try:
-                exec(open(arg).read(), scope)
-            except Exception as e:
-                raise ConfigError(f"config file {arg} failed: {e.__class__.__name__}: {e}") from None
-            for key, value in scope.items():
-                if not key.startswith("_") and not callable(value) and type(value).__name__ != "module":
-                    config[key] = check_value(key, value, defaults, none_types)
-        else:
-            key, eq, text = arg[2:].partition("=")
-            if not eq:
-                raise ConfigError(f"argument {arg!r} must look like --key=value")
-            try:
-                value = literal_eval(text)
-            except (SyntaxError, ValueError):
-                value = text  # a bare string, e.g. --op=mix
-            config[key] = check_value(key, value, defaults, none_types)
-    return config
+def parse_config(argv):
+    c, _ = configure({**DEFAULTS, **CONTROLS}, argv, {"op": one_of(*OPS)})
+    return vars(c)
 
 
 def get_lr(it, c):
@@ -213,6 +168,18 @@ def trim_log(path, iter_num):
     os.replace(path + ".tmp", path)
 
 
+def git_commit():
+    """The commit of the code that runs (with '+' if files differ from it), or None outside a git checkout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        run = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+        sha = run("rev-parse", "HEAD")
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha.stdout.strip() + ("+" if dirty else "") if sha.returncode == 0 else None
+
+
 def corridor_line(gamma, delta):
     """One console line: per-layer mean γ and δ, and how many heads sit in the convex corridor γ ∈ (-1, 0)."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
@@ -257,18 +224,18 @@ def train(c):
     meta = load_meta(data_dir)
 
     # --- model ----------------------------------------------------------------------------------------------------
-    model_keys = [f.name for f in GPTConfig.__dataclass_fields__.values()]
+    arch_keys = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "op", "impl", "gelu")
+    controls = {k: c[k] for k in CONTROLS if k in OPS[c["op"]].controls or c[k] != CONTROLS[k]}
     ckpt = None
     if c["init_from"] == "scratch":
         vocab = meta["vocab_size"]
         vocab = 50304 if vocab == 50257 else vocab  # pad GPT-2's vocabulary to a multiple of 64 for speed
-        model_args = {k: c[k] for k in model_keys if k != "vocab_size"}
-        model = GPT(GPTConfig(vocab_size=vocab, **model_args))
+        model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **{k: c[k] for k in arch_keys}))
     elif c["init_from"] == "resume":
         ckpt = load_checkpoint(ckpt_path)
         model_args = ckpt["model_args"]
-        for k in model_keys:  # the checkpoint fixes the model; say so instead of silently ignoring overrides
-            if k in c and k not in ("impl", "dropout") and c[k] != model_args[k] and c[k] != DEFAULTS.get(k):
+        for k in arch_keys:  # the checkpoint fixes the model; say so instead of silently ignoring overrides
+            if k not in ("impl", "dropout") and c[k] != model_args[k] and c[k] != DEFAULTS.get(k):
                 raise ConfigError(f"{k}={c[k]!r} differs from the checkpoint's {model_args[k]!r}; "
                                   "a resumed run keeps its model, drop that override")
         model = GPT(GPTConfig(**{**model_args, "impl": c["impl"], "dropout": c["dropout"]}))
@@ -277,15 +244,14 @@ def train(c):
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={c['init_from']!r} needs GPT-2 tokens but dataset {c['dataset']!r} uses "
                               f"the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        model = GPT.from_pretrained(c["init_from"], **{k: c[k] for k in PRETRAINED_OVERRIDES})
+        model = GPT.from_pretrained(c["init_from"], op=c["op"], controls=controls, dropout=c["dropout"], impl=c["impl"])
         if c["block_size"] < model.config.block_size:
             model.crop_block_size(c["block_size"])
     if c["block_size"] > model.config.block_size:
         raise ConfigError(f"block_size={c['block_size']} exceeds the model's {model.config.block_size}")
     model_args = asdict(model.config)
     model.to(dev)
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), device_type,
-                                           c["corridor_lr_scale"])
+    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), c["op_lr_scale"])
     iter_num, best_val_loss = 0, float("inf")
 
     # loaders: each rank reads its own stripe; the train loader's position is part of the checkpoint
@@ -359,6 +325,9 @@ def train(c):
         if c["wandb_log"]:
             wandb.log({k: v for k, v in record.items() if k not in ("gamma", "delta")}, step=record["iter"])
 
+    if master:
+        log({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__, "device": dev})
+
     def stop_not_finite(what, value):
         last = f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path) else "no checkpoint was written"
         raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
@@ -374,7 +343,7 @@ def train(c):
         if (iter_num % c["eval_interval"] == 0 or iter_num == c["max_iters"]) and (iter_num != start_iter or iter_num == 0):
             losses = estimate_loss()
             if master:
-                gamma, delta = raw_model.corridor()
+                gamma, delta = raw_model.gamma_delta()
                 print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} | "
                       f"{corridor_line(gamma, delta)}")
                 log({"event": "eval", "iter": iter_num, "tokens": iter_num * tokens_per_iter,
@@ -408,7 +377,7 @@ def train(c):
             torch.nn.utils.clip_grad_norm_(model.parameters(), c["grad_clip"])
         scaler.step(optimizer)
         scaler.update()
-        raw_model.project_gamma()  # γ ≥ gamma_min (no-op unless set)
+        raw_model.project()  # e.g. γ ≥ gamma_min
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
 
@@ -431,7 +400,7 @@ def train(c):
     if master:
         if not c["eval_only"]:
             log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
-        gamma, delta = raw_model.corridor()
+        gamma, delta = raw_model.gamma_delta()
         torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
         print(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
         print(corridor_line(gamma, delta))

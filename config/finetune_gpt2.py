@@ -13,7 +13,7 @@ block_size = 1024
 gradient_accumulation_steps = 16
 
 learning_rate = 3e-5
-corridor_lr_scale = 100.0  # γ and δ learn at 3e-3: at 3e-5 Adam could move them only ~0.06 in 2000 steps
+op_lr_scale = 100.0  # γ and δ learn at 3e-3: at 3e-5 Adam could move them only ~0.06 in 2000 steps
 decay_lr = False
 max_iters = 2000
 eval_interval = 100

@@ -1,0 +1,125 @@
+"""
+The configurator: nanoGPT's way of setting things, with every value checked where it enters.
+
+    python train.py config/train_demo.py --op=attention --max_iters=500
+
+Settings start at a script's defaults. Each config file (Python that assigns names) overrides them, then each
+--key=value argument does (the value is read as a Python literal, else taken as text). Each setting is checked
+once, here: an unknown key gets a "did you mean", a value of the wrong type or outside its range gets one line
+that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
+"""
+import difflib
+import os
+import sys
+from ast import literal_eval
+from types import SimpleNamespace
+
+
+class ConfigError(ValueError):
+    """A bad setting, explained in one line that says what to do."""
+
+
+# Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
+
+def one_of(*choices):
+    def rule(key, value):
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r} is not allowed: choose one of {', '.join(map(str, choices))}")
+        return value
+    return rule
+
+
+def at_least(low):
+    def rule(key, value):
+        if not value >= low:
+            raise ConfigError(f"{key}={value!r} is not allowed: it must be ≥ {low}")
+        return value
+    return rule
+
+
+def in_range(low, high):
+    """low ≤ value < high."""
+    def rule(key, value):
+        if not low <= value < high:
+            raise ConfigError(f"{key}={value!r} is not allowed: it must be in [{low}, {high})")
+        return value
+    return rule
+
+
+def optional(kind, rule=None):
+    """None, or a value of type kind (that passes rule): for settings whose default is None."""
+    def check(key, value):
+        if value is None:
+            return None
+        value = typed(key, value, kind)
+        return rule(key, value) if rule else value
+    return check
+
+
+KINDS = {int: "an integer", float: "a number", bool: "True or False", str: "text"}
+
+
+def typed(key, value, kind):
+    if kind is float and type(value) is int:
+        return float(value)  # 1 where 1.0 is meant
+    if type(value) is not kind:
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be {KINDS.get(kind, kind.__name__)}")
+    return value
+
+
+def check(key, value, defaults, rules):
+    """One setting, checked against its default's type and its rule."""
+    if key not in defaults:
+        close = difflib.get_close_matches(key, defaults, n=3)
+        raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
+                                                          "; python SCRIPT --help lists them all"))
+    if defaults[key] is not None:
+        value = typed(key, value, type(defaults[key]))
+    return rules[key](key, value) if key in rules else value
+
+
+def parse_value(text, default):
+    try:
+        value = literal_eval(text)
+    except (SyntaxError, ValueError):
+        return text  # a bare word: --op=mix
+    return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024 is text
+
+
+def configure(defaults, argv, rules=None, files=True):
+    """Defaults, then config files (when files=True), then --key=value. Returns (cfg, given): the settings as
+    attributes, and the set of keys a config file or the command line set."""
+    rules = rules or {}
+    values, given = dict(defaults), set()
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            print("settings and their defaults (override with a config file or --key=value):")
+            print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+            sys.exit(0)
+        if arg.startswith("--"):
+            key, eq, text = arg[2:].partition("=")
+            if not eq:
+                raise ConfigError(f"argument {arg!r} must look like --key=value")
+            values[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
+            given.add(key)
+        elif files:
+            for key, value in read_config_file(arg).items():
+                values[key] = check(key, value, defaults, rules)
+                given.add(key)
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
+    return SimpleNamespace(**values), given
+
+
+def read_config_file(path):
+    """The names a config file assigns (it is Python, like nanoGPT's), as a dict."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py")
+    scope = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            exec(f.read(), scope)
+    except Exception as e:
+        raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {e}") from None
+    return {k: v for k, v in scope.items()
+            if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
