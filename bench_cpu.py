@@ -32,7 +32,7 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     """One training configuration in this process: tokens/s over `iters` AdamW steps and peak MiB above baseline."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SIZE, block_size=block_size, op=op, impl=impl))
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     x = torch.randint(0, SIZE["vocab_size"], (batch_size, block_size))
     base = rss_mib()
 

@@ -1,5 +1,5 @@
 """
-Data for nanoCorridor: turn a text corpus into token shards, and read them back in batches for training.
+Data for nanoCorridor: turn a text corpus into token shards (read back for training by dataloader.py).
 
     python prepare_data.py pydocs                             # offline default: CPython's own documentation text
     python prepare_data.py shakespeare_char                   # tiny shakespeare (needs internet)
@@ -9,10 +9,8 @@ Data for nanoCorridor: turn a text corpus into token shards, and read them back 
 Options: --tokenizer=char|byte|gpt2  --out_dir=data  --shard_size=100000000  --val_fraction=0.1  --num_proc=N
          --input=PATH  --name=NAME (text only)
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (how to decode).
-The shards use the llm.c / modded-nanogpt format, so public pre-tokenised GPT-2 shards (e.g. FineWeb's
-fineweb_train_000001.bin) dropped into a folder train unchanged: a header of 256 little-endian int32
-[magic 20240520, version 1, number of tokens, 0, ...] followed by the tokens as uint16.
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (how to decode),
+in the llm.c / modded-nanogpt shard format (see dataloader.py).
 """
 import glob
 import json
@@ -22,53 +20,12 @@ import sys
 import time
 
 import numpy as np
-import torch
 
-MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
-HEADER_BYTES = HEADER_INTS * 4
+from dataloader import DataError, find_shards, write_shard
+
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts its end-of-text token before each instead)
-
-
-class DataError(ValueError):
-    """A problem with the data or the options, explained in one line that says what to do."""
-
-
-# -----------------------------------------------------------------------------
-# the shard format: the single definition shared by the writer and the reader
-
-def write_shard(path, tokens):
-    tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
-        raise DataError(f"{path}: token ids must fit in uint16 (0..65535); use a smaller vocabulary")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = MAGIC, VERSION, len(tokens)
-    tmp = path + ".tmp"  # never leave a half-written shard behind under the real name
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
-    os.replace(tmp, path)
-
-
-def read_shard(path, vocab_size=None):
-    """Validate a shard and return its tokens as a read-only memmap (nothing is loaded into RAM)."""
-    size = os.path.getsize(path)
-    if size < HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes is too small for the {HEADER_BYTES}-byte shard header")
-    magic, version, ntok = np.fromfile(path, dtype="<i4", count=3)
-    if magic != MAGIC:
-        raise DataError(f"{path}: wrong magic number {magic} (expected {MAGIC}); not a token shard")
-    if version != VERSION:
-        raise DataError(f"{path}: unsupported shard version {version} (expected {VERSION})")
-    if size != HEADER_BYTES + 2 * ntok:
-        raise DataError(f"{path}: header says {ntok} tokens but the file holds {(size - HEADER_BYTES) / 2:g}; "
-                        "the file is truncated or corrupt, prepare it again")
-    tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(ntok),))
-    if vocab_size is not None and ntok and int(tokens.max()) >= vocab_size:
-        raise DataError(f"{path}: token id {int(tokens.max())} is >= the model's vocab_size {vocab_size}; "
-                        "the data was prepared with a different tokenizer")
-    return tokens
 
 
 class ShardWriter:
@@ -357,92 +314,6 @@ def ensure_prepared(name, out_dir="data"):
     how = f"{name}{where}" if name in PREPARERS else f"text --input=PATH --name={name}{where}"
     raise DataError(f"no token shards in {data_dir}; prepare them with `python prepare_data.py {how}` "
                     f"(or put pre-tokenised {name}_train_*.bin / {name}_val_*.bin shards there)")
-
-
-def load_meta(data_dir):
-    """The dataset's meta.json as a dict (tokenizer, vocab_size, ...); plain GPT-2 shards need none."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
-        return {"name": os.path.basename(os.path.normpath(data_dir)), "tokenizer": "gpt2", "vocab_size": 50257}
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path} is not valid JSON ({e}); prepare the dataset again") from None
-
-
-# -----------------------------------------------------------------------------
-# the loader
-
-def find_shards(data_dir, split):
-    return sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
-
-
-class ShardLoader:
-    """Batches of block_size+1-token windows from memory-mapped shards, in a seeded shuffled order.
-
-    Each shard is cut into windows at stride block_size; every epoch visits them all in a fresh seeded order
-    (random batches, as in nanoGPT, rather than reading the text in order, which makes consecutive batches
-    correlated). At every step the world_size ranks together take the next world_size*batch_size windows,
-    each rank its own batch_size of them, so ranks never see the same tokens at one step, and one process
-    with gradient accumulation sees exactly what the ranks of a DDP job see. From epoch 1 on the windows
-    start at a seeded offset in [0, block_size), so small corpora are not cut into the same blocks again.
-    (epoch, shard, pos) is the whole state, so a resumed run continues on exactly the same data."""
-
-    def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None, seed=0):
-        if min(batch_size, block_size, world_size) < 1 or not 0 <= rank < world_size:
-            raise DataError(f"bad loader settings: batch_size={batch_size}, block_size={block_size}, "
-                            f"rank={rank}, world_size={world_size}")
-        self.shards = find_shards(data_dir, split)
-        if not self.shards:
-            name = os.path.basename(os.path.normpath(data_dir))
-            raise DataError(f"no {split} shards matching *_{split}_*.bin in {data_dir}; prepare them with "
-                            f"`python prepare_data.py {name if name in PREPARERS else 'text --input=PATH'}`")
-        self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
-        self.vocab_size, self.seed = vocab_size, seed
-        self.step = world_size * batch_size  # windows the whole world consumes per batch
-        self.shard = self.epoch = None
-        self.reset()
-
-    def reset(self):
-        self.load_state_dict({"epoch": 0, "shard": 0, "pos": 0})
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "shard": self.shard, "pos": self.pos}
-
-    def load_state_dict(self, state):
-        if not 0 <= state["shard"] < len(self.shards):
-            raise DataError(f"loader state points at shard {state['shard']} but there are only "
-                            f"{len(self.shards)} shards; the data changed since the checkpoint")
-        moved = (state["epoch"], state["shard"]) != (self.epoch, self.shard)
-        if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
-            self.shard, self.tokens = state["shard"], read_shard(self.shards[state["shard"]], self.vocab_size)
-            if len(self.tokens) < self.step * self.T + 1:
-                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than one batch of "
-                                f"world_size*batch_size*block_size+1 = {self.step * self.T + 1}; "
-                                "use a smaller batch or block")
-        if moved:
-            self.epoch = state["epoch"]
-            self._shuffle()
-        self.pos = state["pos"]
-
-    def _shuffle(self):
-        """This (epoch, shard)'s window start positions in a seeded random order. One memmap is open, for the
-        current shard only, and dropped when we move on: memory stays flat over long runs."""
-        rng = np.random.default_rng([self.seed, self.epoch, self.shard])
-        offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
-        offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
-        n_windows = (len(self.tokens) - 1 - offset) // self.T
-        self.starts = offset + self.T * rng.permutation(n_windows)
-
-    def next_batch(self):
-        if self.pos + self.step > len(self.starts):  # this shard is used up: next shard, or next epoch
-            last = self.shard + 1 == len(self.shards)
-            self.load_state_dict({"epoch": self.epoch + last, "shard": (self.shard + 1) % len(self.shards), "pos": 0})
-        mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
-        buf = torch.from_numpy(np.stack([self.tokens[s:s + self.T + 1] for s in mine]).astype(np.int64))  # (B, T+1)
-        self.pos += self.step
-        return buf[:, :-1], buf[:, 1:]
 
 
 # -----------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import sys
 import torch
 
 from model import GPT, GPTConfig
-from prepare_data import get_tokenizer, load_meta
+from dataloader import load_meta
+from prepare_data import get_tokenizer
 from configurator import ConfigError, configure, optional
 from train import load_checkpoint
 

@@ -15,8 +15,9 @@ import pytest
 import tiktoken
 import torch
 
+import dataloader as dl
 import prepare_data as pd
-from prepare_data import DataError, ShardLoader
+from dataloader import DataError, ShardLoader
 
 DOCS = ["Hello world, this is the first document.\nIt has two lines.",
         "The second one: numbers 12345 and ünïcödé ✓.",
@@ -34,7 +35,7 @@ def tiny_enc(monkeypatch):
 
 
 def all_tokens(data_dir, split):
-    return np.concatenate([pd.read_shard(f) for f in pd.find_shards(data_dir, split)]).tolist()
+    return np.concatenate([dl.read_shard(f) for f in dl.find_shards(data_dir, split)]).tolist()
 
 
 def one_line_error(excinfo):
@@ -47,25 +48,25 @@ def one_line_error(excinfo):
 
 def test_header_round_trip(tmp_path):
     path = str(tmp_path / "x_train_000001.bin")
-    pd.write_shard(path, [0, 1, 65535, 7])
+    dl.write_shard(path, [0, 1, 65535, 7])
     header = np.fromfile(path, dtype="<i4", count=256)
     assert header[:3].tolist() == [20240520, 1, 4] and not header[3:].any()
     assert os.path.getsize(path) == 256 * 4 + 4 * 2
-    assert pd.read_shard(path).tolist() == [0, 1, 65535, 7]
+    assert dl.read_shard(path).tolist() == [0, 1, 65535, 7]
     assert not os.path.exists(path + ".tmp")
 
 
 def corrupt(path, case):
     """Write a shard at path broken in one way."""
     tokens = np.arange(100, dtype=np.uint16)
-    pd.write_shard(path, tokens)
+    dl.write_shard(path, tokens)
     header = np.fromfile(path, dtype="<i4", count=256)
     if case in ("magic", "version", "count"):
         header[{"magic": 0, "version": 1, "count": 2}[case]] += 1
         with open(path, "r+b") as f:
             f.write(header.tobytes())
     elif case == "short":
-        pd.write_shard(path, tokens[:10])
+        dl.write_shard(path, tokens[:10])
 
 
 @pytest.mark.parametrize("case, message", [
@@ -87,7 +88,7 @@ def test_corrupt_shards(tmp_path, case, message):
 @pytest.mark.parametrize("tokenizer", ["char", "byte", "gpt2"])
 def test_round_trip(tmp_path, tiny_enc, tokenizer):
     data_dir = pd.prepare_documents("tiny", DOCS, str(tmp_path), tokenizer, val_fraction=0.3)
-    meta = pd.load_meta(data_dir)
+    meta = dl.load_meta(data_dir)
     assert meta["tokenizer"] == tokenizer and meta["name"] == "tiny"
     encode, decode = pd.get_tokenizer(meta)
     train, val = pd.split_documents(DOCS, 0.3)
@@ -100,7 +101,7 @@ def test_round_trip(tmp_path, tiny_enc, tokenizer):
         # through the loader: one batch of a single block spans the whole shard
         loader = ShardLoader(data_dir, split, batch_size=1, block_size=len(tokens) - 1, vocab_size=meta["vocab_size"])
         x, y = loader.next_batch()
-        assert x.dtype == y.dtype == pd.torch.int64 and x.shape == y.shape == (1, len(tokens) - 1)
+        assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (1, len(tokens) - 1)
         assert (x[0, 1:] == y[0, :-1]).all()
         assert decode(x[0].tolist() + y[0, -1:].tolist()) == text
 
@@ -123,7 +124,7 @@ def test_text_folder(tmp_path):
     data_dir = pd.prepare("text", input=str(folder), out_dir=out, val_fraction=0.5)  # again: stale shards go
     assert data_dir == os.path.join(out, "books")
     assert sorted(os.listdir(data_dir)) == ["books_train_000001.bin", "books_val_000000.bin", "meta.json"]
-    _, decode = pd.get_tokenizer(pd.load_meta(data_dir))
+    _, decode = pd.get_tokenizer(dl.load_meta(data_dir))
     assert decode(all_tokens(data_dir, "train")) == "first book " * 10
     assert decode(all_tokens(data_dir, "val")) == "second bk. " * 10
     (folder / "c.txt").write_bytes(b"caf\xe9")
@@ -147,7 +148,7 @@ def test_pydocs_and_ensure_prepared(tmp_path, capsys):
     out = str(tmp_path)
     data_dir = pd.ensure_prepared("pydocs", out_dir=out)  # prepared on the fly: it needs no download
     assert "preparing the offline default corpus" in capsys.readouterr().out
-    meta = pd.load_meta(data_dir)
+    meta = dl.load_meta(data_dir)
     assert meta["tokenizer"] == "char" and sum(meta["tokens"].values()) > 200_000
     assert 0.05 < meta["tokens"]["val"] / meta["tokens"]["train"] < 0.15
     assert pd.ensure_prepared("pydocs", out_dir=out) == data_dir and capsys.readouterr().out == ""
@@ -157,8 +158,10 @@ def test_pydocs_and_ensure_prepared(tmp_path, capsys):
         pd.ensure_prepared("shakespeare_char")
 
 
-def test_load_meta_defaults_to_gpt2(tmp_path):
-    assert pd.load_meta(str(tmp_path)) == {"name": tmp_path.name, "tokenizer": "gpt2", "vocab_size": 50257}
+def test_missing_meta_is_an_error(tmp_path):
+    dl.write_shard(str(tmp_path / "x_train_000001.bin"), [1, 2, 3])
+    with pytest.raises(DataError, match="has no meta.json"):
+        dl.load_meta(str(tmp_path))
 
 
 def test_openwebtext_offline_pipeline(tmp_path, tiny_enc):
@@ -166,10 +169,10 @@ def test_openwebtext_offline_pipeline(tmp_path, tiny_enc):
     docs = [f"document {i}: " + "words and more words " * (i % 7 + 1) for i in range(200)]
     data_dir = pd.prepare_openwebtext(str(tmp_path), shard_size=2000, val_fraction=0.05, num_proc=2,
                                       dataset=datasets.Dataset.from_dict({"text": docs}), encoding=tiny_enc)
-    meta = pd.load_meta(data_dir)
+    meta = dl.load_meta(data_dir)
     assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 257
-    assert len(pd.find_shards(data_dir, "train")) > 3 and len(pd.find_shards(data_dir, "val")) == 1
-    assert pd.find_shards(data_dir, "train")[0].endswith("openwebtext_train_000001.bin")
+    assert len(dl.find_shards(data_dir, "train")) > 3 and len(dl.find_shards(data_dir, "val")) == 1
+    assert dl.find_shards(data_dir, "train")[0].endswith("openwebtext_train_000001.bin")
     texts = {}
     for split in ("train", "val"):
         tokens = all_tokens(data_dir, split)
@@ -192,7 +195,7 @@ def write_counting_shards(data_dir, sizes):
     """Shards whose tokens count up 0, 1, 2, ... across all of them, so every token says where it came from."""
     start = 0
     for i, n in enumerate(sizes):
-        pd.write_shard(os.path.join(data_dir, f"c_train_{i + 1:06d}.bin"), np.arange(start, start + n))
+        dl.write_shard(os.path.join(data_dir, f"c_train_{i + 1:06d}.bin"), np.arange(start, start + n))
         start += n
 
 

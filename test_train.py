@@ -165,7 +165,7 @@ def test_ddp_two_processes_match_one(workdir):
 
 def test_finetune_from_local_gpt2_starts_at_attention(workdir):
     transformers = pytest.importorskip("transformers")
-    from prepare_data import write_shard
+    from dataloader import write_shard
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, vocab_size=100))
     hf.save_pretrained("tiny-gpt2")

@@ -31,7 +31,8 @@ import torch
 
 from configurator import ConfigError, configure, one_of
 from model import GPT, OPS, GPTConfig
-from prepare_data import ShardLoader, ensure_prepared, find_shards, load_meta, read_shard
+from dataloader import ShardLoader, load_meta, unigram_loss
+from prepare_data import ensure_prepared
 
 # -----------------------------------------------------------------------------
 # default config values; a config file and --key=value arguments override them
@@ -140,15 +141,6 @@ def load_checkpoint(path):
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by train.py")
     return ckpt
-
-
-def unigram_loss(data_dir, vocab_size):
-    """Val loss of a model that ignores context and predicts the train split's token frequencies (add-one
-    smoothed): the baseline every trained model must beat. Computed for small datasets only."""
-    counts = [sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64) for p in find_shards(data_dir, s))
-              for s in ("train", "val")]
-    p_train = (counts[0] + 1) / (counts[0] + 1).sum()
-    return float(-(counts[1] * np.log(p_train)).sum() / counts[1].sum())
 
 
 def trim_log(path, iter_num):
