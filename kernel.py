@@ -260,7 +260,7 @@ def mix_attention(q, k, v, a, b):
 
 
 def self_check(B=2, H=4, T=77, D=32, seed=0):
-    from model import operator_matrix as corridor_matrix
+    from operators import operator_matrix as corridor_matrix
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
     b = torch.tensor([1.0, -1.0, 1.3, 0.7])[:H]  # attention, Laplacian, corridor (γ=-0.4, δ=1.3), other
@@ -286,7 +286,7 @@ def benchmark():
     import torch.nn.functional as F
     from triton.testing import do_bench
     try:
-        from model import operator_matrix as corridor_matrix
+        from operators import operator_matrix as corridor_matrix
     except ImportError:
         corridor_matrix = None
     dev, dt, D, CEIL = "cuda", torch.bfloat16, 64, 790.0

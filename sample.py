@@ -1,50 +1,67 @@
 """
-Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared with.
+Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared with (the
+checkpoint carries the dataset's meta.json, so this works from any directory).
 
     python sample.py --out_dir=out/demo --start="The " --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out/demo --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
+    python sample.py --out_dir=out/demo --temperature=0      # greedy: always the most likely next token
 """
 import os
 import sys
 
 import torch
 
+from configurator import ConfigError, at_least, configure, optional
 from model import GPT, GPTConfig
-from dataloader import load_meta
 from prepare_data import get_tokenizer
-from configurator import ConfigError, configure, optional
-from train import load_checkpoint
+from rundir import load_checkpoint
 
 DEFAULTS = dict(
     out_dir="out/demo",  # the run directory holding ckpt.pt
-    data_root="data",  # where prepare_data.py wrote the run's dataset
     start="\n",  # the prompt, or FILE:path to read it from a file
     num_samples=3,
     max_new_tokens=300,
-    temperature=0.8,  # < 1: more conservative, > 1: more random
+    temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,
-    device="cpu",
+    device="cpu",  # or cuda, cuda:1, mps
 )
+RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=at_least(0.0), seed=at_least(0),
+             top_k=optional(int, at_least(1)))
 
 
-def sample(c):
-    ckpt = load_checkpoint(os.path.join(c["out_dir"], "ckpt.pt"))
+def read_prompt(start):
+    if not start.startswith("FILE:"):
+        return start
+    path = start[len("FILE:"):]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"--start=FILE:{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
+
+
+def sample(cfg):
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        raise ConfigError(f"device={cfg.device!r} is not a device name; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available() or device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
+    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
     model = GPT(GPTConfig(**{**ckpt["model_args"], "impl": "auto"}))
     model.load_state_dict(ckpt["model"])
-    model.eval().to(c["device"])
-    encode, decode = get_tokenizer(load_meta(os.path.join(c["data_root"], ckpt["config"]["dataset"])))
-    start = c["start"]
-    if start.startswith("FILE:"):
-        with open(start[5:], encoding="utf-8") as f:
-            start = f.read()
-    idx = torch.tensor([encode(start)], dtype=torch.long, device=c["device"])
+    model.eval().to(device)
+    encode, decode = get_tokenizer(ckpt["meta"])
+    idx = torch.tensor([encode(read_prompt(cfg.start))], dtype=torch.long, device=device)
     if idx.numel() == 0:
         raise ConfigError("the prompt encodes to no tokens; give a non-empty --start")
-    torch.manual_seed(c["seed"])
+    torch.manual_seed(cfg.seed)
     texts = []
-    for _ in range(c["num_samples"]):
-        out = model.generate(idx, c["max_new_tokens"], temperature=c["temperature"], top_k=c["top_k"])
+    for _ in range(cfg.num_samples):
+        out = model.generate(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k)
         texts.append(decode(out[0].tolist()))
         print(texts[-1] + "\n---------------")
     return texts
@@ -52,6 +69,6 @@ def sample(c):
 
 if __name__ == "__main__":
     try:
-        sample(vars(configure(DEFAULTS, sys.argv[1:], {"top_k": optional(int)}, files=False)[0]))
-    except ValueError as e:
+        sample(configure(DEFAULTS, sys.argv[1:], RULES, files=False)[0])
+    except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")

@@ -8,7 +8,7 @@ import torch
 
 import kernel
 from kernel import mix_attention
-from model import operator_matrix
+from operators import operator_matrix
 
 # one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), and a generic mix
 A_HEADS = [0.0, 1.0, -0.4 * 1.3, 0.3]

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, OPS, causal_softmax, operator_matrix
+from model import GPT, GPTConfig
+from operators import OPS, causal_softmax, operator_matrix
 
 TINY = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=32)
 
@@ -338,7 +339,6 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
     (dict(op="mix", laplacian_heads=1), "laplacian_heads is not a control of op='mix'"),
     (dict(op="mix", gamma_min=0.0, gamma_init=-0.5), "gamma_init=-0.5 is below gamma_min=0.0"),
     (dict(op="mix", gamma_min="low"), "gamma_min='low' is not allowed"),
-    (dict(op="mix_ab", delta_init=0.0), "delta_init=0 is not allowed"),
     (dict(impl="cuda"), "impl='cuda' is not allowed"),
     (dict(gelu="fast"), "gelu='fast' is not allowed"),
 ])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from model import OPS
+from operators import OPS
 from configurator import ConfigError, configure
 from train import parse_config
 
@@ -31,7 +31,7 @@ def workdir(tmp_path, monkeypatch):
 
 
 def run(*args):
-    return train.train(parse_config(TINY + list(args)))
+    return train.train(*parse_config(TINY + list(args)))
 
 
 def read_log(out_dir):
@@ -45,8 +45,9 @@ def read_log(out_dir):
 def test_config_file_and_overrides(tmp_path):
     cfg = tmp_path / "x.py"
     cfg.write_text("import math\nop = 'laplacian'\nn_layer = 3\nlearning_rate = 1e-3\n")
-    c = parse_config([str(cfg), "--n_layer=5", "--op=mix", "--gamma_min=0", "--compile=False"])
-    assert (c["op"], c["n_layer"], c["learning_rate"], c["gamma_min"], c["compile"]) == ("mix", 5, 1e-3, 0.0, False)
+    c, given = parse_config([str(cfg), "--n_layer=5", "--op=mix", "--gamma_min=0", "--compile=False"])
+    assert (c.op, c.n_layer, c.learning_rate, c.gamma_min, c.compile) == ("mix", 5, 1e-3, 0, False)
+    assert given == {"op", "n_layer", "learning_rate", "gamma_min", "compile"}
 
 
 @pytest.mark.parametrize("args, words", [
@@ -101,7 +102,7 @@ def test_tiny_run_of_every_op(workdir, op):
         assert gamma.eq(0).all()
     if op.startswith("mix"):
         assert not gamma.eq(0).all()  # the learned γ moved
-    ckpt = torch.load(f"{out}/ckpt.pt", weights_only=False)
+    ckpt = torch.load(f"{out}/ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 6 and ckpt["model_args"]["op"] == op
     assert json.load(open(f"{out}/config.json"))["op"] == op
     with pytest.raises(ConfigError, match="already holds a checkpoint"):  # never overwrite a run by accident
@@ -132,7 +133,7 @@ def test_corrupt_or_foreign_checkpoint(workdir):
     with pytest.raises(ConfigError, match="out/bad/ckpt.pt cannot be read"):
         run("--init_from=resume", "--out_dir=out/bad")
     torch.save({"model": {}}, "out/bad/ckpt.pt")
-    with pytest.raises(ConfigError, match="lacks best_val_loss, iter_num, loader, model_args, optimizer"):
+    with pytest.raises(ConfigError, match="lacks best_val_loss, iter_num, loader, meta, model_args, optimizer"):
         run("--init_from=resume", "--out_dir=out/bad")
 
 
@@ -141,7 +142,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
     monkeypatch.setattr(train, "get_lr", lambda it, c: lr(it, c) if it < 4 else 1e30)  # explodes at iter 4
     with pytest.raises(FloatingPointError, match="became (nan|inf).*last good checkpoint out/nan/ckpt.pt is untouched"):
         run("--max_iters=20", "--eval_interval=2", "--grad_clip=0", "--out_dir=out/nan")
-    ckpt = torch.load("out/nan/ckpt.pt", weights_only=False)
+    ckpt = torch.load("out/nan/ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert not os.path.exists("out/nan/ckpt.pt.tmp")
 
@@ -156,8 +157,8 @@ def test_ddp_two_processes_match_one(workdir):
                         os.path.join(HERE, "train.py"), *args, "--out_dir=out/ddp"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    single = torch.load("out/single/ckpt.pt", weights_only=False)["model"]
-    ddp = torch.load("out/ddp/ckpt.pt", weights_only=False)["model"]
+    single = torch.load("out/single/ckpt.pt", weights_only=True)["model"]
+    ddp = torch.load("out/ddp/ckpt.pt", weights_only=True)["model"]
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5), k
     assert p.stdout.count("saved checkpoint") == 1  # only rank 0 prints and saves
@@ -185,7 +186,8 @@ def test_finetune_from_local_gpt2_starts_at_attention(workdir):
 def test_sample_decodes_text(workdir, capsys):
     import sample
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/s")
-    c = vars(configure(sample.DEFAULTS, ["--out_dir=out/s", "--start=The ", "--num_samples=2", "--max_new_tokens=20"])[0])
+    c = configure(sample.DEFAULTS, ["--out_dir=out/s", "--start=The ", "--num_samples=2", "--max_new_tokens=20"],
+                  sample.RULES, files=False)[0]
     texts = sample.sample(c)
     assert len(texts) == 2 and all(t.startswith("The ") and len(t) == 24 for t in texts)
     assert "---------------" in capsys.readouterr().out

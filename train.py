@@ -3,7 +3,7 @@ Train a nanoCorridor GPT on one CPU/GPU, or on many GPUs (and nodes) with DDP.
 
 One device (the README's main job: CPU, ~5 minutes, prepares the offline corpus on the fly):
     python train.py config/train_demo.py
-Any setting can be overridden on the command line, after the config file:
+Any setting can be overridden on the command line, after the config file (--help lists them all):
     python train.py config/train_demo.py --op=attention --max_iters=500 --out_dir=out/attn
 DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
@@ -11,37 +11,36 @@ DDP, two nodes (run on each, with --node_rank=0 on the master, whose IP is 123.4
     torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123.456 --master_port=1234 \\
         train.py config/train_gpt2_owt.py
 
-A run directory (out_dir) gets config.json (the resolved config), log.jsonl (one JSON record per log line:
+A run directory (out_dir) gets config.json (the settings that ran), log.jsonl (one JSON record per log line:
 losses, lr, speed and every head's (γ, δ)) and ckpt.pt (written atomically; --init_from=resume continues it).
 """
 
-import difflib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from ast import literal_eval
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
-import numpy as np
 import torch
 
-from configurator import ConfigError, configure, one_of
-from model import GPT, OPS, GPTConfig
+from configurator import ConfigError, at_least, configure, in_range, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
+from model import GPT, PRETRAINED, GPTConfig
+from operators import OPS
 from prepare_data import ensure_prepared
+from rundir import RunLog, git_commit, load_checkpoint, lock_run_dir, save_checkpoint, save_config, unlock_run_dir
 
 # -----------------------------------------------------------------------------
-# default config values; a config file and --key=value arguments override them
+# default settings; config files and --key=value arguments override them
 # I/O
 out_dir = "out/run"
 eval_interval = 250
 log_interval = 10
 eval_iters = 20
-eval_only = False  # evaluate once and exit
+eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print the losses, write nothing
 always_save_checkpoint = True  # else only when val loss improves
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
 wandb_log = False
@@ -51,16 +50,8 @@ wandb_run_name = "run"
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
 gradient_accumulation_steps = 1  # global: divided among DDP processes
 batch_size = 12  # per process and micro-step
-block_size = 256
-# model (see model.GPTConfig)
-n_layer = 6
-n_head = 6
-n_embd = 384
-dropout = 0.0
-bias = True
-op = "mix"  # attention | laplacian | mix | mix_alpha | mix_ab (model.OPS), with its controls (e.g. gamma_init)
-impl = "auto"
-gelu = "none"
+# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls (gamma_init,
+# learn_gamma, ... in operators.py) is a setting too, with the default it has there
 # AdamW, warmup + cosine decay
 learning_rate = 6e-4
 max_iters = 5000
@@ -72,203 +63,191 @@ decay_lr = True
 warmup_iters = 100
 lr_decay_iters = None  # None: max_iters
 min_lr = 6e-5
-op_lr_scale = 1.0  # the per-head γ, δ, α, β learn at learning_rate × this (e.g. 100 when fine-tuning)
+op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
 compile = None  # None: on for CUDA, off elsewhere
 seed = 1337
-DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-CONTROLS = {k: v for Op in OPS.values() for k, v in Op.controls.items()}  # every op's settings, e.g. gamma_init
-# -----------------------------------------------------------------------------
+TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
+RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
+CONTROLS = lambda: {k: v for Op in OPS.values() for k, v in Op.controls.items()}  # every op's, read when needed
+
+
+def out_dir_rule(key, value):
+    if not value.strip():
+        raise ConfigError(f"{key} is empty: give the run's directory, e.g. --{key}=out/run")
+    return value
+
+
+def device_rule(key, value):
+    kind, _, index = value.partition(":")
+    if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
+        raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
+    return value
+
+
+def init_from_rule(key, value):
+    if value not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: use scratch, resume, {', '.join(PRETRAINED)} "
+                          "or a local directory saved with transformers' save_pretrained")
+    return value
+
+
+RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1), max_iters=at_least(1),
+             gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
+             learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
+             beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
+             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=at_least(0), out_dir=out_dir_rule,
+             device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
+             dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
 
 def parse_config(argv):
-    c, _ = configure({**DEFAULTS, **CONTROLS}, argv, {"op": one_of(*OPS)})
-    return vars(c)
+    """(cfg, given): the settings, and the keys that a config file or the command line set."""
+    model_defaults = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
+    return configure({**TRAIN_DEFAULTS, **model_defaults, **CONTROLS()}, argv, RULES)
 
 
-def get_lr(it, c):
+def get_lr(it, cfg):
     """Linear warmup, then cosine decay from learning_rate to min_lr at lr_decay_iters."""
-    if not c["decay_lr"]:
-        return c["learning_rate"]
-    decay_iters = c["lr_decay_iters"] or c["max_iters"]
-    if it < c["warmup_iters"]:
-        return c["learning_rate"] * (it + 1) / (c["warmup_iters"] + 1)
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if it > decay_iters:
-        return c["min_lr"]
-    ratio = (it - c["warmup_iters"]) / max(1, decay_iters - c["warmup_iters"])
-    return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def pick_device_and_dtype(c, local_rank):
+def pick_device_and_dtype(cfg, local_rank):
     """cuda > mps > cpu, without touching CUDA on a machine that has none; bf16 where supported."""
-    dev = c["device"]
+    dev = cfg.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if dev == "cuda" and local_rank is not None:
         dev = f"cuda:{local_rank}"
     device_type = dev.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={dev!r} but this torch has no CUDA; use --device=cpu (or auto)")
-    dt = c["dtype"]
+        raise ConfigError(f"device={dev!r} but this torch has no CUDA or sees no GPU; use --device=cpu (or auto)")
+    if device_type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device='mps' but MPS is not available here; use --device=cpu (or auto)")
+    dt = cfg.dtype
     if dt == "auto":
         dt = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
-    if dt not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype={dt!r} is not allowed: use float32, bfloat16, float16 or auto")
     if device_type == "cpu" and dt == "float16":
         raise ConfigError("dtype='float16' is not supported on CPU; use float32 or bfloat16")
     return dev, device_type, dt
 
 
-def atomic_save(obj, path):
-    """Write to a temporary file, then rename: a crash mid-save never leaves a broken or missing file."""
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path):
-    if not os.path.isfile(path):
-        raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
-                          "or point --out_dir at an existing run")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise ConfigError(f"checkpoint {path} cannot be read ({e.__class__.__name__}); it is corrupt or "
-                          "not a nanoCorridor checkpoint") from None
-    missing = {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "loader"} - set(ckpt)
-    if missing:
-        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by train.py")
-    return ckpt
-
-
-def trim_log(path, iter_num):
-    """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
-    the one history that the resumed run continues."""
-    keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut off by a crash
-            if record["iter"] <= iter_num and record["event"] != "done":
-                keep.append(line)
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
-
-
-def git_commit():
-    """The commit of the code that runs (with '+' if files differ from it), or None outside a git checkout."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        run = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
-        sha = run("rev-parse", "HEAD")
-        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha.stdout.strip() + ("+" if dirty else "") if sha.returncode == 0 else None
-
-
-def corridor_line(gamma, delta):
-    """One console line: per-layer mean γ and δ, and how many heads sit in the convex corridor γ ∈ (-1, 0)."""
+def corridor_summary(gamma, delta):
+    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0), per-layer mean γ and δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
     layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in enumerate(zip(gamma.mean(1), delta.mean(1))))
     return f"corridor {inside}/{gamma.numel()} heads in (-1,0) | {layers}"
 
 
-def train(c):
-    # --- distributed set-up: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE -----------------------------------------
-    ddp = int(os.environ.get("RANK", -1)) != -1
+def build_model(cfg, given, meta, ckpt):
+    """The model that init_from asks for. A checkpoint or GPT-2 fixes the architecture: a model setting given
+    explicitly that differs from it is refused, never silently ignored; cfg is then set to what runs."""
+    controls = {k: getattr(cfg, k) for k in CONTROLS() if k in OPS[cfg.op].controls or k in given}
+    if ckpt is not None:
+        model = GPT(GPTConfig(**{**ckpt["model_args"], **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE}}))
+        model.load_state_dict(ckpt["model"])
+    elif cfg.init_from == "scratch":
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's, padded to a multiple of 64
+        model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **{k: getattr(cfg, k) for k in MODEL_KEYS}))
+    else:  # GPT-2 weights, heads switched to the chosen op
+        if meta["tokenizer"] != "gpt2":
+            raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} uses the "
+                              f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout, impl=cfg.impl)
+        if cfg.block_size < model.config.block_size:
+            model.crop_block_size(cfg.block_size)
+    built = {**{k: getattr(model.config, k) for k in MODEL_KEYS}, **model.config.controls}
+    source = "checkpoint" if ckpt is not None else "pretrained model"
+    for k in sorted(given & (set(MODEL_KEYS) | set(CONTROLS())) - set(RESUME_MAY_CHANGE)):
+        if k not in built:
+            raise ConfigError(f"{k} is not a control of the {source}'s op={model.config.op!r}; drop it")
+        if getattr(cfg, k) != built[k]:
+            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model is fixed, "
+                              "drop that setting")
+    for k, v in built.items():
+        setattr(cfg, k, v)
+    return model
+
+
+def train(cfg, given=frozenset()):
+    # --- set-up: processes, device, run directory ----------------------------------------------------------------
+    ddp = int(os.environ.get("RANK", -1)) != -1  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
     rank, local_rank, world_size = 0, None, 1
     if ddp:
         rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if c["gradient_accumulation_steps"] % world_size:
-        raise ConfigError(f"gradient_accumulation_steps={c['gradient_accumulation_steps']} must be a multiple of "
+    if cfg.gradient_accumulation_steps % world_size:
+        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
                           f"the number of processes ({world_size})")
-    dev, device_type, dt = pick_device_and_dtype(c, local_rank)
+    if cfg.wandb_log:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
+    master, writes = rank == 0, rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
+    say = print if master else lambda *args: None  # only the master prints
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if writes:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        lock_run_dir(cfg.out_dir)
+        if cfg.init_from != "resume" and os.path.exists(ckpt_path):
+            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; continue it with --init_from=resume, "
+                              f"evaluate it with --eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir})")
     if ddp:
         from torch.distributed import init_process_group
         if device_type == "cuda":
             torch.cuda.set_device(dev)
         init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    master = rank == 0
-    grad_accum = c["gradient_accumulation_steps"] // world_size
-    tokens_per_iter = grad_accum * world_size * c["batch_size"] * c["block_size"]
-    out = c["out_dir"]
-    ckpt_path = os.path.join(out, "ckpt.pt")
-    if c["init_from"] != "resume" and os.path.exists(ckpt_path) and not c["eval_only"]:
-        raise ConfigError(f"{out} already holds a checkpoint; continue it with --init_from=resume, or choose "
-                          f"another --out_dir (rm -r {out} to start over)")
-    torch.manual_seed(c["seed"])
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    grad_accum = cfg.gradient_accumulation_steps // world_size
+    tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
+    torch.manual_seed(cfg.seed)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     ctx = nullcontext() if dt == "float32" else torch.autocast(device_type, dtype=getattr(torch, dt))
 
-    # --- data: prepared once by the master, the others wait ----------------------------------------------------------
+    # --- data (prepared once by the master; the others wait) and model ---------------------------------------------
     if master:
-        ensure_prepared(c["dataset"])
+        ensure_prepared(cfg.dataset)
     if ddp:
         torch.distributed.barrier()
-    data_dir = ensure_prepared(c["dataset"])
+    data_dir = ensure_prepared(cfg.dataset)
     meta = load_meta(data_dir)
-
-    # --- model ----------------------------------------------------------------------------------------------------
-    arch_keys = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "op", "impl", "gelu")
-    controls = {k: c[k] for k in CONTROLS if k in OPS[c["op"]].controls or c[k] != CONTROLS[k]}
     ckpt = None
-    if c["init_from"] == "scratch":
-        vocab = meta["vocab_size"]
-        vocab = 50304 if vocab == 50257 else vocab  # pad GPT-2's vocabulary to a multiple of 64 for speed
-        model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **{k: c[k] for k in arch_keys}))
-    elif c["init_from"] == "resume":
+    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
         ckpt = load_checkpoint(ckpt_path)
-        model_args = ckpt["model_args"]
-        for k in arch_keys:  # the checkpoint fixes the model; say so instead of silently ignoring overrides
-            if k not in ("impl", "dropout") and c[k] != model_args[k] and c[k] != DEFAULTS.get(k):
-                raise ConfigError(f"{k}={c[k]!r} differs from the checkpoint's {model_args[k]!r}; "
-                                  "a resumed run keeps its model, drop that override")
-        model = GPT(GPTConfig(**{**model_args, "impl": c["impl"], "dropout": c["dropout"]}))
-        model.load_state_dict(ckpt["model"])
-    else:  # GPT-2 weights, heads switched to the chosen op
-        if meta["tokenizer"] != "gpt2":
-            raise ConfigError(f"init_from={c['init_from']!r} needs GPT-2 tokens but dataset {c['dataset']!r} uses "
-                              f"the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        model = GPT.from_pretrained(c["init_from"], op=c["op"], controls=controls, dropout=c["dropout"], impl=c["impl"])
-        if c["block_size"] < model.config.block_size:
-            model.crop_block_size(c["block_size"])
-    if c["block_size"] > model.config.block_size:
-        raise ConfigError(f"block_size={c['block_size']} exceeds the model's {model.config.block_size}")
-    model_args = asdict(model.config)
-    model.to(dev)
-    optimizer = model.configure_optimizers(c["weight_decay"], c["learning_rate"], (c["beta1"], c["beta2"]), c["op_lr_scale"])
+        if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
+    model = build_model(cfg, given, meta, ckpt).to(dev)
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
+    loader = lambda split: ShardLoader(data_dir, split, cfg.batch_size, cfg.block_size, rank, world_size,
+                                       model.config.vocab_size, cfg.seed)
+    train_loader, eval_loaders = loader("train"), {split: loader(split) for split in ("train", "val")}
     iter_num, best_val_loss = 0, float("inf")
-
-    # loaders: each rank reads its own stripe; the train loader's position is part of the checkpoint
-    vocab = model.config.vocab_size
-    train_loader = ShardLoader(data_dir, "train", c["batch_size"], c["block_size"], rank, world_size, vocab, c["seed"])
-    eval_loaders = {split: ShardLoader(data_dir, split, c["batch_size"], c["block_size"], rank, world_size, vocab, c["seed"])
-                    for split in ("train", "val")}
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
-    start_iter = iter_num
-
+    start_iter, raw_model = iter_num, model
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
-    raw_model = model
-    if c["compile"] if c["compile"] is not None else device_type == "cuda":
-        if master:
-            print("compiling the model... (takes a minute)")
+    if cfg.compile if cfg.compile is not None else device_type == "cuda":
+        say("compiling the model... (takes a minute)")
         model = torch.compile(model)
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
-    def batch(loader):
+    def next_batch(loader):
         x, y = loader.next_batch()
         if device_type == "cuda":
             return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
@@ -280,123 +259,108 @@ def train(c):
         raw_model.eval()
         losses = {}
         for split, loader in eval_loaders.items():
-            loader.reset()
+            loader.reset()  # the same batches at every evaluation
             total = torch.zeros((), device=dev)
-            for _ in range(c["eval_iters"]):
-                x, y = batch(loader)
+            for _ in range(cfg.eval_iters):
                 with ctx:
-                    total += raw_model(x, y)[1].float()
+                    total += raw_model(*next_batch(loader))[1].float()
             if ddp:
                 torch.distributed.all_reduce(total)
-            losses[split] = total.item() / (c["eval_iters"] * world_size)
+            losses[split] = total.item() / (cfg.eval_iters * world_size)
         raw_model.train()
         return losses
 
-    # --- logging ----------------------------------------------------------------------------------------------------
-    log_file = None
-    if master:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(c, f, indent=1)
-        log_path = os.path.join(out, "log.jsonl")
-        if c["init_from"] == "resume" and os.path.exists(log_path):
-            trim_log(log_path, iter_num)
-        log_file = open(log_path, "a" if c["init_from"] == "resume" else "w")
-        print("config:", " ".join(f"{k}={v!r}" for k, v in c.items()), f"(saved to {out}/config.json)")
-        print(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
-              f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={raw_model.config.op}")
-        if sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:
-            print(f"unigram baseline: val loss {unigram_loss(data_dir, vocab):.4f} (context-free token frequencies)")
-    if master and c["wandb_log"]:
-        import wandb
-        wandb.init(project=c["wandb_project"], name=c["wandb_run_name"], config=c)
+    def evaluate_and_save():
+        """Losses and every head's (γ, δ), printed and logged; then the checkpoint, when it is due."""
+        nonlocal best_val_loss
+        losses = estimate_loss()
+        gamma, delta = raw_model.gamma_delta()
+        say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} | {corridor_summary(gamma, delta)}")
+        log({"event": "eval", "iter": iter_num, "tokens": iter_num * tokens_per_iter, "train_loss": losses["train"],
+             "val_loss": losses["val"], "gamma": gamma.tolist(), "delta": delta.tolist()})
+        stop_if_not_finite("the validation loss", losses["val"])
+        if writes and iter_num > 0 and (losses["val"] < best_val_loss or cfg.always_save_checkpoint):
+            best_val_loss = min(best_val_loss, losses["val"])
+            save_checkpoint(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "model_args": asdict(raw_model.config), "iter_num": iter_num,
+                                        "best_val_loss": best_val_loss, "config": vars(cfg),
+                                        "loader": train_loader.state_dict(), "meta": meta})
+            say(f"saved checkpoint to {ckpt_path}")
+
+    def stop_if_not_finite(what, value):
+        if not math.isfinite(value):
+            last = f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path) else "no checkpoint was written"
+            raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
+                                     "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+
+    # --- logging -------------------------------------------------------------------------------------------------
+    if writes:
+        save_config(cfg.out_dir, vars(cfg))
+        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if cfg.init_from == "resume" else None)
+        run_log.write({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__,
+                       "device": dev, "dtype": dt, "world_size": world_size})
+        if cfg.wandb_log:
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
+    say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
+        f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
+    if master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # small enough to count quickly
+        say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} (context-free token frequencies)")
 
     def log(record):
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
-        if c["wandb_log"]:
-            wandb.log({k: v for k, v in record.items() if k not in ("gamma", "delta")}, step=record["iter"])
+        if writes:
+            run_log.write(record)
+            if cfg.wandb_log:
+                wandb.log({k: v for k, v in record.items() if k not in ("gamma", "delta", "event")}, step=record["iter"])
 
-    if master:
-        log({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__, "device": dev})
-
-    def stop_not_finite(what, value):
-        last = f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path) else "no checkpoint was written"
-        raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
-                                 "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
-
-    # --- the training loop --------------------------------------------------------------------------------------
-    t0, iter0, running_mfu = time.time(), iter_num, -1.0
+    # --- the training loop -----------------------------------------------------------------------------------------
+    t0, iter0 = time.time(), iter_num
     while True:
-        lr = get_lr(iter_num, c)
+        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
+        if cfg.eval_only or due and (iter_num > start_iter or iter_num == 0):  # a resumed run was evaluated before its save
+            evaluate_and_save()
+            t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
+        if iter_num >= cfg.max_iters or cfg.eval_only:
+            break
+        lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-
-        if (iter_num % c["eval_interval"] == 0 or iter_num == c["max_iters"]) and (iter_num != start_iter or iter_num == 0):
-            losses = estimate_loss()
-            if master:
-                gamma, delta = raw_model.gamma_delta()
-                print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} | "
-                      f"{corridor_line(gamma, delta)}")
-                log({"event": "eval", "iter": iter_num, "tokens": iter_num * tokens_per_iter,
-                     "train_loss": losses["train"], "val_loss": losses["val"],
-                     "gamma": gamma.tolist(), "delta": delta.tolist()})
-            if not math.isfinite(losses["val"]):
-                stop_not_finite("the validation loss", losses["val"])
-            if master and iter_num > 0 and (losses["val"] < best_val_loss or c["always_save_checkpoint"]):
-                best_val_loss = min(best_val_loss, losses["val"])
-                atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                             "config": c, "loader": train_loader.state_dict()}, ckpt_path)
-                print(f"saved checkpoint to {ckpt_path}")
-            t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
-        if iter_num >= c["max_iters"] or c["eval_only"]:
-            break
-
-        # dropout's randomness depends only on (seed, iteration, rank), so a resumed run draws what an
-        # uninterrupted one would have drawn
-        torch.manual_seed(c["seed"] + 1000003 * iter_num + rank)
+        # dropout's randomness depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
+        torch.manual_seed(cfg.seed + 1000003 * iter_num + rank)
+        loss_sum = 0.0
         for micro_step in range(grad_accum):
             if ddp:  # sync gradients only at the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
-            x, y = batch(train_loader)
             with ctx:
-                _, loss = model(x, y)
-                loss = loss / grad_accum
+                loss = model(*next_batch(train_loader))[1] / grad_accum  # the mean over all micro-steps' tokens
             scaler.scale(loss).backward()
-        if c["grad_clip"] != 0.0:
+            loss_sum += loss.detach()
+        if cfg.grad_clip != 0.0:
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), c["grad_clip"])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         raw_model.project()  # e.g. γ ≥ gamma_min
         optimizer.zero_grad(set_to_none=True)
         iter_num += 1
+        if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
+            lossf = loss_sum.item()  # a sync with the device: only every log_interval
+            stop_if_not_finite("the training loss", lossf)
+            dt_iter, t0, iter0 = (time.time() - t0) / (iter_num - iter0), time.time(), iter_num
+            mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
+            say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt_iter * 1000:.1f} ms/iter, "
+                f"{tokens_per_iter / dt_iter:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
+            log({"event": "train", "iter": iter_num, "tokens": iter_num * tokens_per_iter, "loss": lossf, "lr": lr,
+                 "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
-        if iter_num % c["log_interval"] == 0 or iter_num == c["max_iters"]:
-            lossf = loss.item() * grad_accum  # a sync with the device: only every log_interval
-            if not math.isfinite(lossf):
-                stop_not_finite("the training loss", lossf)
-            dt_iter = (time.time() - t0) / (iter_num - iter0)
-            t0, iter0 = time.time(), iter_num
-            if master:
-                mfu = raw_model.estimate_mfu(c["batch_size"] * grad_accum, dt_iter)
-                if mfu is not None:
-                    running_mfu = mfu if running_mfu < 0 else 0.9 * running_mfu + 0.1 * mfu
-                print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt_iter * 1000:.1f} ms/iter, "
-                      f"{tokens_per_iter / dt_iter:,.0f} tok/s" + (f", mfu {running_mfu * 100:.1f}%" if mfu else ""))
-                log({"event": "train", "iter": iter_num, "tokens": iter_num * tokens_per_iter, "loss": lossf,
-                     "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter,
-                     "mfu": mfu})
-
-    if master:
-        if not c["eval_only"]:
-            log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
-        gamma, delta = raw_model.gamma_delta()
-        torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
-        print(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
-        print(corridor_line(gamma, delta))
-        log_file.close()
+    # --- the end ---------------------------------------------------------------------------------------------------
+    gamma, delta = raw_model.gamma_delta()
+    torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
+    say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
+    say(corridor_summary(gamma, delta))
+    if writes:
+        log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
+        unlock_run_dir(cfg.out_dir)
     if ddp:
         torch.distributed.destroy_process_group()
     return raw_model
@@ -404,8 +368,8 @@ def train(c):
 
 def main(argv=None):
     try:
-        return train(parse_config(sys.argv[1:] if argv is None else argv))
-    except (ValueError, FloatingPointError) as e:  # ConfigError, DataError and the model's ValueErrors
+        return train(*parse_config(sys.argv[1:] if argv is None else argv))
+    except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")

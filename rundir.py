@@ -1,0 +1,129 @@
+"""
+A run directory, as train.py writes it and sample.py and corridor.py read it:
+
+    config.json   the settings that ran
+    log.jsonl     one JSON record per line: start (commit, versions), train (loss, lr, speed), eval (losses and
+                  every head's γ and δ), done
+    ckpt.pt       model, optimizer, settings, iteration, loader position and the dataset's meta
+    lock          held by the process that writes the run, so that two runs never share a directory
+
+Every file is written to a temporary name and renamed, so a crash or a full disk never leaves a broken one.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from configurator import ConfigError
+
+_held = {}  # run directory -> the open lock file by which this process holds it
+
+
+def lock_run_dir(out):
+    """Lock out/lock while this process writes the run: a second writer is refused. The operating system
+    releases the lock when the process ends, even by kill -9, so a stale lock never blocks the next run."""
+    import fcntl  # lazy: POSIX only
+    key = os.path.realpath(out)
+    if key in _held:  # already ours (several runs in one process, as in the tests)
+        return
+    f = open(os.path.join(out, "lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        raise ConfigError(f"{out} is in use by another run (process {f.read().strip() or '?'}); wait for it to "
+                          "finish or choose another --out_dir") from None
+    f.seek(0)
+    previous = f.read().strip()  # a run that finishes empties the file
+    if previous and previous != str(os.getpid()):
+        print(f"note: the previous run in {out} (process {previous}) stopped before finishing; its lock went with it")
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    _held[key] = f
+
+
+def unlock_run_dir(out):
+    f = _held.pop(os.path.realpath(out), None)
+    if f is not None:
+        f.truncate(0)
+        f.close()
+
+
+def atomic_write(path, write):
+    """write(tmp_path), then rename: a crash or a full disk never leaves a broken file under the real name."""
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        kept = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+        raise OSError(e.errno, f"{e.strerror} while writing {path}; {kept}") from None
+
+
+def save_checkpoint(path, ckpt):
+    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+
+
+def save_config(out_dir, settings):
+    atomic_write(os.path.join(out_dir, "config.json"), lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=1)))
+
+
+def load_checkpoint(path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
+                          "or point --out_dir at an existing run")
+    try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is corrupt, "
+                          "not a nanoCorridor checkpoint, or carries code") from None
+    missing = {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "loader", "meta"} - set(ckpt)
+    if missing:
+        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
+    return ckpt
+
+
+def trim_log(path, iter_num):
+    """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
+    the one history that the resumed run continues."""
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut off by a crash
+            if record["iter"] <= iter_num and record["event"] != "done":
+                keep.append(line)
+    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(keep)))
+
+
+def git_commit():
+    """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        git = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha.stdout.strip() + ("+" if dirty else "") if sha.returncode == 0 else None
+
+
+class RunLog:
+    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed run
+    first drops what was logged after its checkpoint (see trim_log) and appends from there."""
+
+    def __init__(self, out_dir, resume_iter=None):
+        path = os.path.join(out_dir, "log.jsonl")
+        if resume_iter is not None and os.path.exists(path):
+            trim_log(path, resume_iter)
+        self.file = open(path, "w" if resume_iter is None else "a")
+
+    def write(self, record):
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
