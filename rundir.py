@@ -82,7 +82,7 @@ def load_checkpoint(path):
     except Exception as e:
         raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is corrupt, "
                           "not a nanoCorridor checkpoint, or carries code") from None
-    missing = {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "loader", "meta"} - set(ckpt)
+    missing = {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "loader", "meta", "config"} - set(ckpt)
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
     return ckpt

@@ -222,9 +222,10 @@ def train(cfg, given=frozenset()):
         torch.distributed.barrier()
     data_dir = ensure_prepared(cfg.dataset)
     meta = load_meta(data_dir)
-    ckpt = None
-    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
+    ckpt, ckpt_loaded = None, cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")
+    if ckpt_loaded:
         ckpt = load_checkpoint(ckpt_path)
+        cfg.init_from = ckpt["config"]["init_from"]  # config.json keeps how the run began (the log shows resumes)
         if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
             raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
     model = build_model(cfg, given, meta, ckpt).to(dev)
@@ -296,7 +297,7 @@ def train(cfg, given=frozenset()):
     # --- logging -------------------------------------------------------------------------------------------------
     if writes:
         save_config(cfg.out_dir, vars(cfg))
-        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if cfg.init_from == "resume" else None)
+        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if ckpt_loaded else None)
         run_log.write({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__,
                        "device": dev, "dtype": dt, "world_size": world_size})
         if cfg.wandb_log:
