@@ -36,29 +36,38 @@ def load_run(path):
         raise ValueError(f"{path}: not a run directory, missing {' and '.join(missing)} (train.py writes them)")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
     try:
-        with open(cfg_path) as f:
+        with open(cfg_path, encoding="utf-8") as f:
             config = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
-    with open(log_path) as f:
+    if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
+        what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
+        raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
+    with open(log_path, "rb") as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
     for k, (lineno, line) in enumerate(lines):
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if k == len(lines) - 1:  # a run killed mid-write leaves half a line: keep everything before it
                 warnings.append(f"{log_path}:{lineno}: last line is cut off, skipped it")
                 continue
-            raise ValueError(f"{log_path}:{lineno}: invalid JSON in the middle of the log") from None
+            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON"
+            raise ValueError(f"{log_path}:{lineno}: {what} in the middle of the log") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{log_path}:{lineno}: expected a JSON object")
         if rec.get("event") == "eval":
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
                     raise ValueError(f"{log_path}:{lineno}: eval record has no '{key}'")
+            for key in ("iter", "val_loss"):
+                if not isinstance(rec[key], (int, float)) or isinstance(rec[key], bool):
+                    raise ValueError(f"{log_path}:{lineno}: eval record's '{key}' must be a number, not {rec[key]!r}")
             try:
                 shapes = np.array(rec["gamma"], dtype=float).shape, np.array(rec["delta"], dtype=float).shape
             except (ValueError, TypeError):  # ragged or non-numeric
@@ -81,7 +90,7 @@ def controls(config):
 def describe(run):
     """Short human label: op, changed controls, seed."""
     cfg = run["config"]
-    parts = [str(cfg.get("op", "?"))] + [f"{k}={v}" for k, v in controls(cfg).items()]
+    parts = [cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()]
     if "seed" in cfg:
         parts.append(f"seed={cfg['seed']}")
     return " ".join(parts)

@@ -172,3 +172,32 @@ def test_no_eval_record(tmp_path, capsys):
 def test_bad_arguments(tmp_path, capsys):
     assert "no run directory given" in error_line(capsys, [])
     assert "unknown option --outdir=x" in error_line(capsys, ["--outdir=x", str(tmp_path)])
+
+
+def test_not_utf8_names_the_file(tmp_path, capsys):
+    d = make_run(tmp_path, "latin1")
+    cfg = tmp_path / "latin1" / "config.json"
+    cfg.write_bytes(cfg.read_bytes().replace(b'"pydocs"', b'"caf\xe9"'))  # é in Latin-1: not UTF-8
+    assert f"error: {cfg}: not UTF-8 text (byte " in error_line(capsys, [d])
+    d = make_run(tmp_path, "badlog")
+    log = tmp_path / "badlog" / "log.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"train"', b'"tr\xffin"')
+    log.write_bytes(b"".join(lines))
+    assert error_line(capsys, [d]) == f"error: {log}:2: not UTF-8 text in the middle of the log"
+
+
+def test_config_without_op_is_an_error(tmp_path, capsys):
+    d = make_run(tmp_path, "noop")
+    cfg = tmp_path / "noop" / "config.json"
+    cfg.write_text("{}")
+    assert error_line(capsys, [d]).startswith(f"error: {cfg}: has no 'op' key (")
+    cfg.write_text('{"op": null, "seed": 0}')
+    assert f"{cfg}: 'op' must be a string, not None" in error_line(capsys, [d])
+
+
+def test_eval_record_needs_numbers(tmp_path, capsys):
+    d = make_run(tmp_path, "nullval")
+    log = tmp_path / "nullval" / "log.jsonl"
+    log.write_text(log.read_text().replace('"val_loss": 2.0', '"val_loss": null'))
+    assert f"{log}:3: eval record's 'val_loss' must be a number, not None" in error_line(capsys, [d])
