@@ -201,3 +201,81 @@ def test_eval_record_needs_numbers(tmp_path, capsys):
     log = tmp_path / "nullval" / "log.jsonl"
     log.write_text(log.read_text().replace('"val_loss": 2.0', '"val_loss": null'))
     assert f"{log}:3: eval record's 'val_loss' must be a number, not None" in error_line(capsys, [d])
+
+
+# --- the statistics: textbook values, closed forms (t with 1 and 2 degrees of freedom) and hand-computed cases
+
+@pytest.mark.parametrize("x", [1e-12, 0.01, 0.3, 0.5, 0.9, 0.999])
+def test_incomplete_beta_closed_forms(x):
+    import math
+    assert corridor.betainc(1, 200, x) == pytest.approx(1 - (1 - x) ** 200, rel=1e-12)  # I_x(1, b) = 1 − (1−x)^b
+    assert corridor.betainc(300, 1, x) == pytest.approx(x ** 300, rel=1e-12, abs=1e-300)  # I_x(a, 1) = x^a
+    assert corridor.betainc(0.5, 0.5, x) == pytest.approx(2 / math.pi * math.asin(math.sqrt(x)), rel=1e-12)
+    assert corridor.betainc(2.5, 4.0, x) == pytest.approx(1 - corridor.betainc(4.0, 2.5, 1 - x), abs=1e-14)
+    assert corridor.betainc(3, 2, 0.0) == 0.0 and corridor.betainc(3, 2, 1.0) == 1.0
+
+
+def test_t_distribution_textbook_values():
+    assert corridor.t_quantile(0.975, 7) == pytest.approx(2.364624, abs=1e-6)
+    assert corridor.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert corridor.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)
+    assert corridor.t_quantile(0.975, 10 ** 6) == pytest.approx(1.959964, abs=1e-5)  # → the normal's 1.96
+    assert corridor.t_quantile(0.025, 7) == pytest.approx(-2.364624, abs=1e-6)  # symmetric about 0
+    assert corridor.t_quantile(0.5, 7) == 0.0
+    assert corridor.t_sf2(2.0, 5) == pytest.approx(0.101939, abs=1e-6)
+    assert corridor.t_sf2(-2.0, 5) == corridor.t_sf2(2.0, 5) and corridor.t_sf2(0.0, 5) == pytest.approx(1.0)
+    assert corridor.t_cdf(-1.3, 4) == pytest.approx(1 - corridor.t_cdf(1.3, 4), abs=1e-15)
+
+
+@pytest.mark.parametrize("t", [-40.0, -3.0, -0.7, 0.0, 0.01, 1.0, 2.5, 1e4])
+def test_t_distribution_closed_forms(t):
+    import math
+    assert corridor.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)  # Cauchy
+    assert corridor.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
+    q = corridor.t_cdf(t, 2)
+    if 1e-9 < q < 1 - 1e-9:  # df = 2 inverts in closed form: t = (2q − 1) / √(2q(1 − q))
+        assert corridor.t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-9)
+
+
+def test_t_distribution_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 7, 15, 60):
+        for q in (0.001, 0.025, 0.3, 0.9, 0.975, 0.9999):
+            assert corridor.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
+        for t in (0.05, 0.8, 2.0, 6.0, 300.0):
+            assert corridor.t_sf2(t, df) == pytest.approx(2 * stats.t.sf(t, df), rel=1e-9, abs=1e-15)
+
+
+def test_sign_test():
+    assert corridor.sign_test_p(8, 8) == corridor.sign_test_p(0, 8) == 2 / 2 ** 8
+    assert corridor.sign_test_p(7, 8) == 2 * (1 + 8) / 2 ** 8
+    assert corridor.sign_test_p(3, 3) == 0.25 and corridor.sign_test_p(2, 3) == 1.0
+    assert corridor.sign_test_p(4, 8) == 1.0 and corridor.sign_test_p(1, 1) == 1.0
+    assert corridor.sign_test_p(0, 0) is None
+
+
+def test_paired_stats_by_hand():
+    # d = −1, −2, −3: mean −2, sample std 1, standard error 1/√3, t = −2√3 with 2 degrees of freedom
+    s = corridor.paired_stats([-1.0, -2.0, -3.0])
+    assert (s["n_pairs"], s["paired_mean"], s["paired_std"]) == (3, -2.0, 1.0)
+    assert s["t"] == pytest.approx(-2 * 3 ** 0.5)
+    assert s["ci"] == pytest.approx((-2 - 4.302653 / 3 ** 0.5, -2 + 4.302653 / 3 ** 0.5), abs=1e-6)
+    assert s["p_t"] == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)  # df = 2: p = 1 − |t|/√(2 + t²) = 0.074180
+    assert (s["k_lower"], s["p_sign"]) == (3, 0.25)
+    s = corridor.paired_stats([0.0, -1.0, -2.0])  # a tie does not count for the sign test: 2 of 2 lower
+    assert (s["k_lower"], s["p_sign"]) == (2, 0.5)
+    s = corridor.paired_stats([-1.0, -2.0, 3.0])  # mean 0: t = 0, p = 1
+    assert s["paired_mean"] == 0.0 and s["t"] == 0.0 and s["p_t"] == pytest.approx(1.0)
+
+
+def test_paired_stats_undefined_cases():
+    s = corridor.paired_stats([-0.5])  # one seed: a mean and a sign, no spread
+    assert (s["paired_mean"], s["k_lower"], s["p_sign"]) == (-0.5, 1, 1.0)
+    assert s["paired_std"] is s["ci"] is s["t"] is s["p_t"] is None
+    s = corridor.paired_stats([2.1 - 2.0, 2.2 - 2.1, 2.3 - 2.2])  # "equal" differences: float noise ~1e-16 only
+    assert s["paired_mean"] == pytest.approx(0.1) and s["ci"] is s["t"] is s["p_t"] is None
+    assert s["p_sign"] == 0.25 and s["k_lower"] == 0
+    s = corridor.paired_stats([])
+    assert (s["n_pairs"], s["k_lower"]) == (0, 0) and s["paired_mean"] is s["p_sign"] is s["ci"] is None
+    s = corridor.paired_stats([-0.1, float("nan")])  # a diverged run: nothing to conclude
+    assert s["paired_mean"] is s["p_t"] is s["p_sign"] is None
