@@ -24,6 +24,10 @@ CONTROLS = {"gamma_init": 0.0, "delta_init": 1.0, "learn_gamma": True, "learn_de
             "gamma_min": None, "laplacian_heads": None}
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
+BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
+# the corridor curve: runs whose config has these values have γ fixed to their gamma_init and δ fixed to 1 ...
+FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
+LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
 
 
 def load_run(path):
@@ -109,7 +113,8 @@ def summarize(run):
     best = min(run["evals"], key=lambda r: r["val_loss"])
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
-    s = {"name": run["name"], "label": describe(run), "op": op, "controls": controls(run["config"]),
+    s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op, "controls": controls(run["config"]),
+         "learns_gamma": learns_gamma(run),
          "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
@@ -242,23 +247,53 @@ def sample_std(x):
     return float(np.std(x, ddof=1)) if len(x) > 1 else None  # a sample std needs at least two runs
 
 
+def experiment(config):
+    """The config keys that define the experiment: runs equal in these are repeats that differ only in seed."""
+    return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
+
+
+def baseline_key(config):
+    """What a run's attention baseline must share with it: the whole experiment except the op and its controls.
+    So 3600-iteration runs are compared with 3600-iteration attention runs, never with 1200-iteration ones."""
+    return json.dumps({k: v for k, v in experiment(config).items() if k != "op" and k not in CONTROLS}, sort_keys=True)
+
+
 def compare(runs):
-    """Table rows sorted by final val loss, and seed groups (mean ± sample std), both with the gap to attention."""
+    """Table rows sorted by final val loss, and seed groups with their paired statistics against attention.
+
+    A group is the runs whose configs differ only in the seed (and NOT_EXPERIMENT keys). Its baseline is the
+    attention runs of the same config apart from op and controls; each of its runs is paired with the one of
+    the same seed (same initial weights and data order) when both ended at the same iteration.
+    """
     sums = [summarize(r) for r in runs]
-    attn = [s["final_val"] for s in sums if s["op"] == "attention"]
-    base = float(np.mean(attn)) if attn else None  # the attention baseline: mean over all attention runs
+    for run, s in zip(runs, sums):
+        s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
+    attention = {}  # baseline key -> {seed: summary of that attention run}
+    groups = {}  # experiment -> summaries of its runs
+    seen = {}
+
+    def once(key, s):  # a second run of one config and seed is the same experiment twice: it would count twice
+        if key in seen:
+            raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} (one run "
+                             "twice, or a rerun); pass only one of them")
+        seen[key] = s
+
+    for run, s in zip(runs, sums):
+        exp = json.dumps(experiment(run["config"]), sort_keys=True)
+        once(("run", exp, s["seed"]), s)
+        groups.setdefault(exp, []).append(s)
+        if s["op"] == BASELINE_OP:
+            once(("attention", s["baseline"], s["seed"]), s)
+            attention.setdefault(s["baseline"], {})[s["seed"]] = s
+
+    def attention_mean(s):
+        base = attention.get(s["baseline"])
+        return float(np.mean([a["final_val"] for a in base.values()])) if base else None
+
     rows = sorted(sums, key=lambda s: s["final_val"])
     for s in rows:
+        base = attention_mean(s)
         s["vs_attention"] = None if base is None else s["final_val"] - base
-    # runs of one seed share the initial weights and the data order, so the sharpest comparison is paired:
-    # each run against the attention run of the same seed
-    attn_by_seed = {r["config"].get("seed"): s["final_val"] for r, s in zip(runs, sums) if s["op"] == "attention"}
-    groups, seeds = {}, {}
-    for run, s in zip(runs, sums):
-        key = json.dumps({k: v for k, v in run["config"].items()
-                          if k not in NOT_EXPERIMENT and not k.startswith("wandb")}, sort_keys=True)
-        groups.setdefault(key, []).append(s)
-        seeds[s["name"]] = run["config"].get("seed")
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
     cfgs = {key: json.loads(key) for key in groups}
     varying = sorted({k for c in cfgs.values() for k in c if len({json.dumps(d.get(k)) for d in cfgs.values()}) > 1})
@@ -267,17 +302,24 @@ def compare(runs):
         cfg = cfgs[key]
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
-        paired = [m["final_val"] - attn_by_seed[seeds[m["name"]]] for m in members if seeds[m["name"]] in attn_by_seed]
-        label = [str(cfg.get("op", "?"))] + [f"{k}={cfg.get(k)}" for k in varying
-                                             if k != "op" and not (k in CONTROLS and cfg.get(k) == CONTROLS[k])]
-        out.append({"label": " ".join(label),
-                    "op": cfg.get("op"), "names": [m["name"] for m in members], "n": len(members),
+        is_baseline = cfg["op"] == BASELINE_OP
+        base = attention.get(members[0]["baseline"], {})  # members share it: their configs differ only in seed
+        pairs = [] if is_baseline else [(m, base[m["seed"]]) for m in members
+                                        if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]]
+        paired = [m["final_val"] - a["final_val"] for m, a in pairs]
+        label = [cfg["op"]] + [f"{k}={cfg[k]}" for k in varying
+                               if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])]
+        attn_val = attention_mean(members[0])
+        out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
+                    "learns_gamma": members[0]["learns_gamma"],
+                    "names": [m["name"] for m in members], "n": len(members),
                     "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
-                    "vs_attention": None if base is None else float(val.mean()) - base,
-                    "paired": paired, "paired_mean": float(np.mean(paired)) if paired else None,
-                    "paired_std": sample_std(paired)})
-    return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"]), "attention_val": base}
+                    "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
+                    "layer_gamma": np.mean([m["layer_gamma"] for m in members], axis=0).tolist(),
+                    "layer_gamma_std": [sample_std(g) for g in np.array([m["layer_gamma"] for m in members]).T],
+                    "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
+    return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"])}
 
 
 def plot(runs, out_dir):
@@ -345,14 +387,42 @@ def fmt(v, spec="+.4f"):
     return "n/a" if v is None else format(v, spec)
 
 
+def fmt_p(p):
+    return "n/a" if p is None else f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def print_table(header, rows, left=1):
+    """Columns padded to their widest cell: the first `left` left-aligned (names), the others right-aligned."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    for r in [header] + rows:
+        print("   " + " ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def group_cells(g):
+    """One row of the seed-group table (see the legend report prints under it)."""
+    val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
+    deep = "fixed" if not g["learns_gamma"] else (
+        "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
+    if g["is_baseline"]:
+        return [g["label"], str(g["n"]), val, "baseline", "", "", "", "", deep]
+    if not g["paired"]:  # no attention run of the same config, seed and length
+        return [g["label"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
+    ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
+    return [g["label"], str(g["n"]), val, f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}", ci,
+            fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
+
+
 def report(runs):
     """Print the per-run summaries and, for several runs, the comparison."""
     for run in runs:
         s = summarize(run)
         tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
         print(f"== {s['name']}  ({s['label']})")
+        max_iters = run["config"].get("max_iters")
+        unfinished = (f"; unfinished, max_iters is {max_iters}" if isinstance(max_iters, int)
+                      and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
         print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} (iter {s['best_iter']}),"
-              f" final {s['final_val']:.4f} (iter {s['final_iter']})")
+              f" final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
             continue
@@ -366,26 +436,19 @@ def report(runs):
     if len(runs) < 2:
         return
     c = compare(runs)
-    print("\n== runs by final val loss" + ("" if c["attention_val"] is None else " (vs attention: minus mean attention val loss)"))
-    wn, wl = max(len(s["name"]) for s in c["rows"]), max(len(s["label"]) for s in c["rows"])  # column widths
-    print(f"   {'run':{wn}s} {'label':{wl}s} {'final val':>9s} {'best val':>9s} {'vs attn':>8s} {'corridor>L1':>11s}")
-    for s in c["rows"]:
-        deep = "fixed" if s["fixed"] else fmt(s["frac_deep"], ".0%")
-        print(f"   {s['name']:{wn}s} {s['label']:{wl}s} {s['final_val']:9.4f} {s['best_val']:9.4f}"
-              f" {fmt(s['vs_attention']):>8s} {deep:>11s}")
+    print("\n== runs by final val loss (vs attn: minus the mean final val loss of the attention runs of the same config)")
+    print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
+                [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
+                  "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in c["rows"]],
+                left=2)
     if any(g["n"] > 1 for g in c["groups"]):
-        print("\n== seed groups (mean ± sample std over runs that differ only in seed)")
-        wg = max(len(g["label"]) for g in c["groups"])
-        print(f"   {'group':{wg}s} {'n':>2s} {'final val':>17s} {'vs attn':>8s} {'same seed vs attn':>27s}"
-              f" {'corridor>L1':>13s}")
-        for g in c["groups"]:
-            val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
-            deep = "fixed" if g["op"] in FIXED_OPS else (
-                "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
-            paired = "n/a" if g["paired_mean"] is None or g["op"] == "attention" else (
-                f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')} "
-                f"({sum(d < 0 for d in g['paired'])}/{len(g['paired'])} lower)")
-            print(f"   {g['label']:{wg}s} {g['n']:2d} {val:>17s} {fmt(g['vs_attention']):>8s} {paired:>27s} {deep:>13s}")
+        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config")
+        print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
+                     "corridor>L1"], [group_cells(g) for g in c["groups"]])
+        print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
+              " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
+              "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
+              " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread or no attention run).")
 
 
 def main(argv):

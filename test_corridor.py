@@ -69,7 +69,6 @@ def test_compare_order_and_difference_to_attention(tmp_path):
     c = corridor.compare(runs)
     assert [s["name"] for s in c["rows"]] == ["mix", "lap", "attn"]
     assert [s["vs_attention"] for s in c["rows"]] == pytest.approx([-0.25, -0.125, 0.0])
-    assert c["attention_val"] == 2.0
 
 
 def test_seed_groups_mean_std(tmp_path):
@@ -279,3 +278,101 @@ def test_paired_stats_undefined_cases():
     assert (s["n_pairs"], s["k_lower"]) == (0, 0) and s["paired_mean"] is s["p_sign"] is s["ci"] is None
     s = corridor.paired_stats([-0.1, float("nan")])  # a diverged run: nothing to conclude
     assert s["paired_mean"] is s["p_t"] is s["p_sign"] is None
+
+
+# --- paired comparison with attention: which runs pair, and what the seed-group table prints
+
+TWO_LAYERS = {"gamma": [[-0.5] * 4, [-0.5, -0.5, 0.5, 0.5]], "delta": [[1.0] * 4] * 2}  # half inside beyond L1
+ZEROS = {"gamma": [[0.0] * 4] * 2, "delta": [[1.0] * 4] * 2}
+
+
+def runs_of(tmp_path, specs):
+    """specs: (name, op, seed, final val, config overrides); every run logs evals at iters 0 and 100."""
+    return [make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), **(ZEROS if op == "attention" else TWO_LAYERS),
+                     **extra) for name, op, seed, v, extra in specs]
+
+
+def group(c, label):
+    (g,) = [g for g in c["groups"] if g["label"] == label]
+    return g
+
+
+def test_paired_statistics_by_hand_and_printed(tmp_path, capsys):
+    # d = −0.1, −0.1, −0.2: mean −0.1333, s = 0.0577, t = −4 with 2 df → p = 1 − 4/√18; 95% CI ±4.302653·s/√3
+    dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+                              ("attn_s2", "attention", 2, 2.2, {}), ("mix_s0", "mix", 0, 1.9, {}),
+                              ("mix_s1", "mix", 1, 2.0, {}), ("mix_s2", "mix", 2, 2.0, {})])
+    mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
+    assert mix["paired"] == pytest.approx([-0.1, -0.1, -0.2]) and mix["paired_seeds"] == [0, 1, 2]
+    assert mix["paired_mean"] == pytest.approx(-0.4 / 3) and mix["paired_std"] == pytest.approx(0.0577350, abs=1e-7)
+    assert mix["t"] == pytest.approx(-4.0) and mix["p_t"] == pytest.approx(1 - 4 / 18 ** 0.5)
+    assert mix["ci"] == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3), abs=1e-6)
+    assert (mix["k_lower"], mix["n_pairs"], mix["p_sign"]) == (3, 3, 0.25)
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(out) if line.startswith("== seed groups"))
+    assert out[head + 1].split() == ["setting", "n", "final", "val", "paired", "diff", "95%", "CI", "p", "(t-test)",
+                                     "lower", "p", "(sign)", "corridor>L1"]
+    assert out[head + 2].split() == ["mix", "3", "1.9667", "±", "0.0577", "-0.1333", "±", "0.0577", "[-0.2768,",
+                                     "+0.0101]", "0.0572", "3/3", "0.2500", "50%", "±", "0%"]
+    assert out[head + 3].split() == ["attention", "3", "2.1000", "±", "0.1000", "baseline", "fixed"]
+
+
+def test_baseline_has_the_same_config_apart_from_op_and_controls(tmp_path):
+    long = {"max_iters": 3600, "lr_decay_iters": 3600}
+    runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
+        ("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+        ("attnL_s0", "attention", 0, 1.5, long), ("attnL_s1", "attention", 1, 1.6, long),
+        ("mix_s0", "mix", 0, 1.9, {}), ("mix_s1", "mix", 1, 2.05, {}),
+        ("mixL_s0", "mix", 0, 1.45, long), ("mixL_s1", "mix", 1, 1.4, long),
+        ("fixed_s1", "mix", 1, 2.0, {"gamma_init": -0.5, "learn_gamma": False, "learn_delta": False}),
+        ("wide_s0", "mix", 0, 1.8, {"n_embd": 256})])]  # an experiment key differs: no attention run to pair with
+    c = corridor.compare(runs)
+    short_mix, long_mix = group(c, "mix"), group(c, "mix lr_decay_iters=3600 max_iters=3600")
+    assert short_mix["paired"] == pytest.approx([-0.1, -0.05])
+    assert long_mix["paired"] == pytest.approx([-0.05, -0.2])
+    assert long_mix["vs_attention"] == pytest.approx(1.425 - 1.55)
+    fixed = group(c, "mix gamma_init=-0.5 learn_delta=False learn_gamma=False")
+    assert fixed["paired"] == pytest.approx([-0.1]) and fixed["paired_seeds"] == [1]  # controls differ: still paired
+    wide = group(c, "mix n_embd=256")
+    assert wide["paired"] == [] and wide["vs_attention"] is None and wide["paired_mean"] is None
+    assert corridor.group_cells(wide)[3:8] == ["n/a"] * 5
+    rows = {s["name"]: s["vs_attention"] for s in c["rows"]}
+    assert rows["mixL_s1"] == pytest.approx(1.4 - 1.55) and rows["mix_s1"] == pytest.approx(2.05 - 2.05)
+    assert rows["wide_s0"] is None
+
+
+def test_one_seed_and_zero_spread_print_na(tmp_path):
+    runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
+        ("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.5, {}),
+        ("one_s1", "mix", 1, 2.25, {"gamma_init": -0.5}),
+        ("flat_s0", "mix", 0, 1.75, {}), ("flat_s1", "mix", 1, 2.25, {})])]  # both seeds exactly −0.25
+    c = corridor.compare(runs)
+    assert corridor.group_cells(group(c, "mix gamma_init=-0.5")) == [
+        "mix gamma_init=-0.5", "1", "2.2500 ± n/a", "-0.2500 ± n/a", "n/a", "n/a", "1/1", "1.0000", "50% ± n/a"]
+    assert corridor.group_cells(group(c, "mix"))[3:8] == ["-0.2500 ± 0.0000", "n/a", "n/a", "2/2", "0.5000"]
+
+
+def test_unfinished_run_is_not_paired(tmp_path, capsys):
+    dirs = [make_run(tmp_path, "attn_s0", op="attention", val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
+            make_run(tmp_path, "attn_s1", op="attention", seed=1, val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
+            make_run(tmp_path, "mix_s0", val=(3.0, 1.9, 1.8), max_iters=200, **TWO_LAYERS),
+            make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]  # still running
+    mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
+    assert mix["n"] == 2 and mix["paired"] == pytest.approx([-0.2]) and mix["paired_seeds"] == [0]
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    out = capsys.readouterr().out
+    assert "final 1.9000 (iter 100); unfinished, max_iters is 200" in out
+    assert "final 1.8000 (iter 200)\n" in out
+
+
+def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    a = make_run(tmp_path / "old", "mix_s0")
+    b = make_run(tmp_path / "new", "mix_s0", device="cuda")  # device is not part of the experiment
+    line = error_line(capsys, [a, b])
+    assert line == f"error: {a} and {b}: same config and seed 0 (one run twice, or a rerun); pass only one of them"
+    attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
+    attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)  # two baselines for seed 0
+    assert f"error: {attn} and {attn2}: same config and seed 0" in error_line(capsys, [attn, attn2])
