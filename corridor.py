@@ -1,19 +1,26 @@
 """
-corridor.py: read nanoCorridor run directories and report where the heads' γ ended up.
+corridor.py: read nanoCorridor run directories, report where the heads' γ ended up and how the runs compare.
 
 Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first
 layer learn γ ∈ (−1, 0), the "convex corridor". This script checks that on our own runs:
 
-    python corridor.py out/mix_s0 [out/attn_s0 ...] [--out=DIR]
+    python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
 
-It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ),
-then, given several runs, a table sorted by final val loss and the seed-averaged groups. It writes
-PNG figures into DIR (default: the first run's directory) and prints their paths.
+It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ).
+Given several runs it prints a table sorted by final val loss, then the seed groups (runs that differ only
+in seed) with paired statistics against attention: each run minus the attention run of the same seed and
+config (same initial weights and data order), the mean of those differences with its 95% t confidence
+interval, the paired t-test p-value and the sign count ("k/n lower") with its exact sign-test p-value.
+It writes PNG figures into DIR (default: the first run's directory), among them corridor_curve.png when
+there are fixed-γ runs (val loss against a fixed γ with δ = 1), and with --csv one row per run
+(setting,seed,iters,val_loss,commit) from which anyone can recompute the statistics.
 A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
+import csv
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -451,22 +458,54 @@ def report(runs):
               " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread or no attention run).")
 
 
+# --- the runs as a table anyone can recompute the statistics from ----------------------------------------------
+
+CSV_COLUMNS = ("setting", "seed", "iters", "val_loss", "commit")
+
+
+def setting_name(run):
+    """The experiment shell lines name a run directory <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
+    return re.sub(r"_s\d+$", "", run["name"])
+
+
+def start_commit(run):
+    """The git commit train.py recorded in the log's first "start" record; 'unknown' for older logs or no git."""
+    start = next((r for r in run["records"] if r.get("event") == "start"), None)
+    return str(start["commit"]) if start and start.get("commit") else "unknown"
+
+
+def write_csv(runs, path):
+    """One row per run, sorted by setting and seed: the final eval's iteration and val loss (full precision)."""
+    rows = [(setting_name(r), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
+             start_commit(r)) for r in runs]
+    rows.sort(key=lambda row: (row[0], str(type(row[1])), row[1], row[2]))  # type first: a missing seed sorts apart
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
+    return path
+
+
 def main(argv):
-    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR]"
-    out, paths = None, []
+    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
+    opts, paths = {"--out": None, "--csv": None}, []
     for arg in argv:
         if arg in ("-h", "--help"):
             print(usage)
             return 0
-        if arg.startswith("--out="):
-            out = arg[len("--out="):]
-        elif arg.startswith("--"):
+        key, eq, value = arg.partition("=")
+        if key in opts and eq:
+            if not value:
+                print(f"error: {key}= needs a path ({usage})", file=sys.stderr)
+                return 1
+            opts[key] = value
+        elif arg.startswith("-"):
             print(f"error: unknown option {arg} ({usage})", file=sys.stderr)
             return 1
         else:
             paths.append(arg)
-    if not paths or out == "":
-        print(f"error: {'--out= needs a directory' if paths else 'no run directory given'} ({usage})", file=sys.stderr)
+    if not paths:
+        print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
     try:
         runs = [load_run(p) for p in paths]
@@ -474,11 +513,18 @@ def main(argv):
             for w in run["warnings"]:
                 print(f"warning: {w}", file=sys.stderr)
         report(runs)
-        written = plot(runs, out or runs[0]["path"])
+        written = [write_csv(runs, opts["--csv"])] if opts["--csv"] else []
+        try:
+            import matplotlib  # noqa: F401  (figures are optional: the tables and the CSV do not need them)
+        except ImportError:
+            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
+        else:
+            written += plot(runs, opts["--out"] or runs[0]["path"])
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print("\nwrote " + "\n      ".join(written))
+    if written:
+        print("\nwrote " + "\n      ".join(written))
     return 0
 
 

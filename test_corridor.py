@@ -12,8 +12,9 @@ GAMMA = [[-0.5, -0.2, 0.3, -1.0],
 DELTA = [[1.0] * 4, [2.0] * 4, [3.0, 3.0, 4.0, 4.0]]
 
 
-def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", **cfg):
-    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta."""
+def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", head=(), **cfg):
+    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta.
+    head: records written first (train.py's "start" records)."""
     d = tmp_path / name
     d.mkdir()
     config = {"out_dir": f"out/{name}", "dataset": "pydocs", "op": op, "seed": seed, "n_layer": len(gamma),
@@ -21,7 +22,7 @@ def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA,
               "learn_delta": True, "gamma_min": None, "laplacian_heads": None, **cfg}
     (d / "config.json").write_text(json.dumps(config))
     zeros, ones = [[0.0] * len(g) for g in gamma], [[1.0] * len(g) for g in gamma]
-    lines = []
+    lines = list(head)
     for i, v in enumerate(val):
         it = 100 * i
         if it:
@@ -376,3 +377,23 @@ def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
     attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
     attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)  # two baselines for seed 0
     assert f"error: {attn} and {attn2}: same config and seed 0" in error_line(capsys, [attn, attn2])
+
+
+def test_csv_one_row_per_run(tmp_path, capsys):
+    start = {"event": "start", "iter": 0, "commit": "0123abc"}
+    dirs = [make_run(tmp_path, "mix_fixed_gamma_s10", seed=10, val=(3.0, 1.4137812345678913), head=[start],
+                     tail=json.dumps({"event": "start", "iter": 100, "commit": "fffffff"}) + "\n"),  # resumed later
+            make_run(tmp_path, "mix_fixed_gamma_s2", seed=2, val=(3.0, 2.5, 1.25), head=[start]),
+            make_run(tmp_path, "attention_s0", op="attention", val=(3.0, 2.0), **ZEROS),  # older log: no start record
+            make_run(tmp_path, "demo", seed=1337, val=(3.0,), head=[dict(start, commit=None)]),  # not a git checkout
+            make_run(tmp_path, "mix_s1x", seed=1, val=(3.0, 2.0 / 3),  # not a _s<seed> suffix: kept
+                     tail=json.dumps({"event": "train", "iter": 150, "loss": 0.5}) + "\n")]  # trained past its last eval
+    path = tmp_path / "runs.csv"
+    assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
+    assert path.read_text() == ("setting,seed,iters,val_loss,commit\n"
+                                "attention,0,100,2.0,unknown\n"
+                                "demo,1337,0,3.0,unknown\n"
+                                "mix_fixed_gamma,2,200,1.25,0123abc\n"
+                                "mix_fixed_gamma,10,100,1.4137812345678913,0123abc\n"
+                                "mix_s1x,1,100,0.6666666666666666,unknown\n")
+    assert f"wrote {path}\n" in capsys.readouterr().out
