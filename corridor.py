@@ -34,6 +34,7 @@ NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
 # the corridor curve: runs whose config has these values have γ fixed to their gamma_init and δ fixed to 1 ...
 FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
+FIXED_GAMMA_X = "gamma_init"
 LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
 
 
@@ -254,6 +255,11 @@ def sample_std(x):
     return float(np.std(x, ddof=1)) if len(x) > 1 else None  # a sample std needs at least two runs
 
 
+def setting_name(name):
+    """The experiment shell lines name a run directory <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
+    return re.sub(r"_s\d+$", "", name)
+
+
 def experiment(config):
     """The config keys that define the experiment: runs equal in these are repeats that differ only in seed."""
     return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
@@ -318,15 +324,101 @@ def compare(runs):
                                if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])]
         attn_val = attention_mean(members[0])
         out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
+                    "baseline_key": members[0]["baseline"],
                     "learns_gamma": members[0]["learns_gamma"],
-                    "names": [m["name"] for m in members], "n": len(members),
+                    "names": [m["name"] for m in members], "paths": [m["path"] for m in members], "n": len(members),
                     "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
                     "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
                     "layer_gamma": np.mean([m["layer_gamma"] for m in members], axis=0).tolist(),
                     "layer_gamma_std": [sample_std(g) for g in np.array([m["layer_gamma"] for m in members]).T],
                     "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
-    return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"])}
+    # the short name to print: the setting's directory name without _s<seed> (its config file's name), where all
+    # its runs share one and no other group has it; otherwise the label made from its config
+    names = [{setting_name(n) for n in g["names"]} for g in out]
+    for g, own in zip(out, names):
+        g["setting"] = next(iter(own)) if len(own) == 1 and sum(own <= other for other in names) == 1 else g["label"]
+    # settings sorted by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
+    block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key], default=math.inf)
+             for key in {g["baseline_key"] for g in out}}
+    return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"], g["val_mean"]))}
+
+
+def curve_data(groups):
+    """What corridor_curve.png shows, from compare()'s groups.
+
+    curves: one per attention baseline (usually one): the fixed-γ settings (δ = 1) at x = their γ, y = the
+    mean paired difference to attention with its 95% CI (NaN where undefined), plus attention itself at (0, 0).
+    learned: for each setting of LEARNED_OP with default controls, its mean final γ per layer (± seed std).
+    """
+    fixed = [g for g in groups if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v
+                                                      for k, v in FIXED_GAMMA.items())]
+    by_baseline = {}
+    for g in fixed:
+        by_baseline.setdefault(baseline_key(g["config"]), []).append(g)
+    # name each curve by what its baseline config does differently from the others' (nothing, for one curve)
+    bases = {key: json.loads(key) for key in by_baseline}
+    varying = sorted({k for b in bases.values() for k in b if len({json.dumps(c.get(k)) for c in bases.values()}) > 1})
+    curves = []
+    for key, gs in by_baseline.items():
+        nan = math.nan
+        points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
+        points += [(float(g["config"].get(FIXED_GAMMA_X, CONTROLS[FIXED_GAMMA_X])),
+                    nan if g["paired_mean"] is None else g["paired_mean"]) + (g["ci"] or (nan, nan)) + (g["n_pairs"],)
+                   for g in gs]
+        gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
+        label = " ".join(f"{k}={bases[key][k]}" for k in varying if k in bases[key])
+        curves.append({"label": "fixed γ, δ = 1" + (f" ({label})" if label else ""), "gamma": gamma, "mean": mean,
+                       "lo": lo, "hi": hi, "n": n})
+    learned = [{"label": g["setting"], "n": g["n"], "layer_gamma": g["layer_gamma"],
+                "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]]}
+               for g in groups if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])]
+    return {"curves": curves, "learned": learned}
+
+
+def plot_corridor_curve(curve, plt):
+    """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
+    and below it, on the same γ axis, where the learned runs' layers end up."""
+    learned = curve["learned"]
+    if learned:
+        n_layer = max(len(g["layer_gamma"]) for g in learned)
+        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5), height_ratios=[3, 0.6 + 0.45 * n_layer])
+    else:
+        fig, ax = plt.subplots(figsize=(12, 7))
+        low = None
+    for a in (ax, low) if low else (ax,):
+        a.axvspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)" if a is ax else None)
+        a.grid(alpha=0.3)
+    ax.axhline(0, color="black", linewidth=1)
+    colours = plt.get_cmap("tab10")
+    xs = [0.0, -1.0]
+    for i, c in enumerate(curve["curves"]):
+        x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
+        xs += list(x)
+        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2, label="95% confidence interval" if i == 0 else None)
+        counts = [k for k in c["n"] if k is not None]  # seeds per fixed-γ point
+        n = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else str(counts[0])
+        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
+                    label=f"{c['label']}, {n} seed{'s' if n != '1' else ''} per point")
+    ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
+            label="attention (γ = 0, δ = 1)")
+    ax.set(ylabel="val loss − attention's\n(nats, same seed)",
+           title="Fixed γ with δ = 1: val loss minus attention's\n(mean over seeds, 95% confidence interval)")
+    ax.legend(loc="best", fontsize=13)
+    if low:
+        markers = "v^sD"
+        for j, g in enumerate(learned):
+            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # groups side by side
+            xs += list(g["layer_gamma"])
+            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt=markers[j % 4], markersize=11, capsize=4,
+                         color=colours(len(curve["curves"]) + j), label=f"learned {g['label']} ({seeds(g['n'])})")
+        low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
+        low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
+        low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
+        low.legend(loc="best", fontsize=12)
+    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  γ = −1: negative Laplacian)")
+    ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
+    return fig
 
 
 def plot(runs, out_dir):
@@ -378,16 +470,39 @@ def plot(runs, out_dir):
                    title=f"final γ (iter {evals[-1]['iter']})\n{title}")
             fig.colorbar(im, ax=ax, label="γ")
             save(fig, f"gamma_final_{run['name']}.png")
-        fig, ax = plt.subplots(figsize=(11, 6.5))
+        groups = compare(runs)["groups"]
         use_tokens = all("tokens" in r for run in runs for r in run["evals"])
-        for run in runs:
-            ax.plot([r["tokens"] if use_tokens else r["iter"] for r in run["evals"]],
-                    [r["val_loss"] for r in run["evals"]], marker="o", label=f"{run['name']} ({describe(run)})")
-        ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel="val loss", title="validation loss")
-        ax.legend(loc="best")
+        step = "tokens" if use_tokens else "iter"
+        if len(runs) <= 10:
+            lines = [(f"{run['name']} ({describe(run)})", {r[step]: r["val_loss"] for r in run["evals"]})
+                     for run in runs]
+            title = "validation loss"
+        else:  # dozens of runs would hide each other: one line per setting, the mean over its seeds
+            by_path = {run["path"]: run for run in runs}
+            lines = []
+            for g in groups:
+                curves = [{r[step]: r["val_loss"] for r in by_path[p]["evals"]} for p in g["paths"]]
+                common = sorted(set.intersection(*(set(c) for c in curves)))  # the evals every seed has
+                lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves])) for x in common}))
+            title = "validation loss, mean over seeds"
+        fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
+        for label, curve in lines:
+            ax.plot(list(curve), list(curve.values()), marker="o", label=label)
+        ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel="val loss (nats)", title=title)
+        if len(lines) <= 6:
+            ax.legend(loc="best")
+        else:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10)
         ax.grid(alpha=0.3)
         save(fig, "val_loss.png")
+        curve = curve_data(groups)
+        if curve["curves"]:  # fixed-γ runs with attention runs to pair them with
+            save(plot_corridor_curve(curve, plt), "corridor_curve.png")
     return paths
+
+
+def seeds(n):
+    return f"{n} seed" + ("s" if n != 1 else "")
 
 
 def fmt(v, spec="+.4f"):
@@ -411,11 +526,11 @@ def group_cells(g):
     deep = "fixed" if not g["learns_gamma"] else (
         "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
     if g["is_baseline"]:
-        return [g["label"], str(g["n"]), val, "baseline", "", "", "", "", deep]
+        return [g["setting"], str(g["n"]), val, "baseline", "", "", "", "", deep]
     if not g["paired"]:  # no attention run of the same config, seed and length
-        return [g["label"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
+        return [g["setting"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
     ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
-    return [g["label"], str(g["n"]), val, f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}", ci,
+    return [g["setting"], str(g["n"]), val, f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}", ci,
             fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
 
 
@@ -463,11 +578,6 @@ def report(runs):
 CSV_COLUMNS = ("setting", "seed", "iters", "val_loss", "commit")
 
 
-def setting_name(run):
-    """The experiment shell lines name a run directory <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
-    return re.sub(r"_s\d+$", "", run["name"])
-
-
 def start_commit(run):
     """The git commit train.py recorded in the log's first "start" record; 'unknown' for older logs or no git."""
     start = next((r for r in run["records"] if r.get("event") == "start"), None)
@@ -476,7 +586,7 @@ def start_commit(run):
 
 def write_csv(runs, path):
     """One row per run, sorted by setting and seed: the final eval's iteration and val loss (full precision)."""
-    rows = [(setting_name(r), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
+    rows = [(setting_name(r["name"]), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
              start_commit(r)) for r in runs]
     rows.sort(key=lambda row: (row[0], str(type(row[1])), row[1], row[2]))  # type first: a missing seed sorts apart
     with open(path, "w", newline="") as f:
