@@ -251,6 +251,10 @@ def paired_stats(diffs, level=0.95):
     return out
 
 
+def seeds(n):
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def sample_std(x):
     return float(np.std(x, ddof=1)) if len(x) > 1 else None  # a sample std needs at least two runs
 
@@ -342,6 +346,22 @@ def compare(runs):
     block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key], default=math.inf)
              for key in {g["baseline_key"] for g in out}}
     return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"], g["val_mean"]))}
+
+
+def val_loss_lines(runs, groups, max_lines=10):
+    """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line per run,
+    or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
+    step = "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+    if len(runs) <= max_lines:
+        return ([(f"{run['name']} ({describe(run)})", {r[step]: r["val_loss"] for r in run["evals"]}) for run in runs],
+                step, "validation loss")
+    by_path = {run["path"]: run for run in runs}
+    lines = []
+    for g in groups:
+        curves = [{r[step]: r["val_loss"] for r in by_path[p]["evals"]} for p in g["paths"]]
+        common = sorted(set.intersection(*(set(c) for c in curves)))
+        lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves])) for x in common}))
+    return lines, step, "validation loss, mean over seeds"
 
 
 def curve_data(groups):
@@ -471,24 +491,11 @@ def plot(runs, out_dir):
             fig.colorbar(im, ax=ax, label="γ")
             save(fig, f"gamma_final_{run['name']}.png")
         groups = compare(runs)["groups"]
-        use_tokens = all("tokens" in r for run in runs for r in run["evals"])
-        step = "tokens" if use_tokens else "iter"
-        if len(runs) <= 10:
-            lines = [(f"{run['name']} ({describe(run)})", {r[step]: r["val_loss"] for r in run["evals"]})
-                     for run in runs]
-            title = "validation loss"
-        else:  # dozens of runs would hide each other: one line per setting, the mean over its seeds
-            by_path = {run["path"]: run for run in runs}
-            lines = []
-            for g in groups:
-                curves = [{r[step]: r["val_loss"] for r in by_path[p]["evals"]} for p in g["paths"]]
-                common = sorted(set.intersection(*(set(c) for c in curves)))  # the evals every seed has
-                lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves])) for x in common}))
-            title = "validation loss, mean over seeds"
+        lines, step, title = val_loss_lines(runs, groups)
         fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
-        for label, curve in lines:
-            ax.plot(list(curve), list(curve.values()), marker="o", label=label)
-        ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel="val loss (nats)", title=title)
+        for i, (label, curve) in enumerate(lines):  # 10 colours, then the next line style
+            ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3], label=label)
+        ax.set(xlabel="tokens" if step == "tokens" else "iteration", ylabel="val loss (nats)", title=title)
         if len(lines) <= 6:
             ax.legend(loc="best")
         else:
@@ -499,10 +506,6 @@ def plot(runs, out_dir):
         if curve["curves"]:  # fixed-γ runs with attention runs to pair them with
             save(plot_corridor_curve(curve, plt), "corridor_curve.png")
     return paths
-
-
-def seeds(n):
-    return f"{n} seed" + ("s" if n != 1 else "")
 
 
 def fmt(v, spec="+.4f"):

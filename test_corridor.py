@@ -468,3 +468,18 @@ def test_corridor_curve_png(tmp_path, capsys):
     (tmp_path / "noattn").mkdir()  # without attention runs there is no difference to draw: no curve, no figure
     runs = [corridor.load_run(d) for d in curve_runs(tmp_path / "noattn", attention=False)]
     assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
+
+
+def test_val_loss_figure_lines(tmp_path):
+    dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10), **ZEROS)
+            for s in range(6)]
+    dirs += [make_run(tmp_path, f"mix_s{s}", seed=s, val=(3.0, 2.0, 1.5), **TWO_LAYERS) for s in range(4)]
+    runs = [corridor.load_run(d) for d in dirs]
+    lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
+    assert step == "tokens" and title == "validation loss" and len(lines) == 10  # up to 10 runs: one line each
+    assert lines[0] == ("attn_s0 (attention seed=0)", {0: 3.0, 204800: 2.0, 409600: 1.0})
+    runs.append(corridor.load_run(make_run(tmp_path, "mix_s4", seed=4, val=(3.0, 1.0), **TWO_LAYERS)))  # unfinished
+    lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
+    assert title == "validation loss, mean over seeds"  # 11 runs: one line per setting, at the evals all seeds have
+    assert lines == [("attn (6 seeds)", {0: 3.0, 204800: pytest.approx(2.25), 409600: pytest.approx(1.25)}),
+                     ("mix (5 seeds)", {0: 3.0, 204800: 1.8})]  # the groups' order: by final val loss
