@@ -60,6 +60,11 @@ def load_run(path):
     if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
         what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
         raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
+    for key, default in CONTROLS.items():  # a control's value has its default's type (None: anything goes)
+        value = config.get(key, default)
+        kind = bool if isinstance(default, bool) else (int, float) if isinstance(default, float) else object
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if kind is bool else 'number'}, not {value!r}")
     with open(log_path, "rb") as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
@@ -85,8 +90,8 @@ def load_run(path):
                 shapes = np.array(rec["gamma"], dtype=float).shape, np.array(rec["delta"], dtype=float).shape
             except (ValueError, TypeError):  # ragged or non-numeric
                 shapes = None, None
-            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1]:
-                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be layer x head lists")
+            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1] or 0 in shapes[0]:
+                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be non-empty layer x head lists")
         records.append(rec)
     evals = [r for r in records if r.get("event") == "eval"]
     if not evals:
@@ -307,7 +312,7 @@ def compare(runs):
         base = attention.get(s["baseline"])
         return float(np.mean([a["final_val"] for a in base.values()])) if base else None
 
-    rows = sorted(sums, key=lambda s: s["final_val"])
+    rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # a diverged run (NaN) last
     for s in rows:
         base = attention_mean(s)
         s["vs_attention"] = None if base is None else s["final_val"] - base
@@ -345,7 +350,8 @@ def compare(runs):
     # settings sorted by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
     block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key], default=math.inf)
              for key in {g["baseline_key"] for g in out}}
-    return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"], g["val_mean"]))}
+    return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
+                                                                math.isnan(g["val_mean"]), g["val_mean"]))}
 
 
 def val_loss_lines(runs, groups, max_lines=10):
@@ -533,7 +539,8 @@ def group_cells(g):
     if not g["paired"]:  # no attention run of the same config, seed and length
         return [g["setting"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
     ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
-    return [g["setting"], str(g["n"]), val, f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}", ci,
+    diff = "n/a" if g["paired_mean"] is None else f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}"
+    return [g["setting"], str(g["n"]), val, diff, ci,
             fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
 
 
@@ -573,7 +580,7 @@ def report(runs):
         print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
               " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
               "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
-              " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread or no attention run).")
+              " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
 
 
 # --- the runs as a table anyone can recompute the statistics from ----------------------------------------------
@@ -607,9 +614,9 @@ def main(argv):
             print(usage)
             return 0
         key, eq, value = arg.partition("=")
-        if key in opts and eq:
+        if key in opts:
             if not value:
-                print(f"error: {key}= needs a path ({usage})", file=sys.stderr)
+                print(f"error: {key}= needs a path, as in {key}=out/figures ({usage})", file=sys.stderr)
                 return 1
             opts[key] = value
         elif arg.startswith("-"):
@@ -633,8 +640,11 @@ def main(argv):
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
         else:
             written += plot(runs, opts["--out"] or runs[0]["path"])
-    except (ValueError, OSError) as e:
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. --out names a file, or --csv a folder
+        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)
         return 1
     if written:
         print("\nwrote " + "\n      ".join(written))

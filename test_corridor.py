@@ -483,3 +483,60 @@ def test_val_loss_figure_lines(tmp_path):
     assert title == "validation loss, mean over seeds"  # 11 runs: one line per setting, at the evals all seeds have
     assert lines == [("attn (6 seeds)", {0: 3.0, 204800: pytest.approx(2.25), 409600: pytest.approx(1.25)}),
                      ("mix (5 seeds)", {0: 3.0, 204800: 1.8})]  # the groups' order: by final val loss
+
+
+# --- every way the CLI can fail prints one line "error: ..." naming what to fix, and exits 1
+
+def edit(path, old, new):
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+EVAL = '"event": "eval"'
+RUN = lambda d: [str(d)]  # noqa: E731  the good run directory alone
+ERRORS = {  # name: (how to break the run directory d, the arguments, what the error line must contain)
+    "--out= empty": (None, lambda d: [str(d), "--out="], "--out= needs a path"),
+    "--csv= empty": (None, lambda d: [str(d), "--csv="], "--csv= needs a path"),
+    "--out without =": (None, lambda d: [str(d), "--out"], "--out= needs a path"),
+    "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: is not a directory"),
+    "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN, "config.json: invalid JSON"),
+    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a JSON object"),
+    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": "-0.5"'), RUN,
+                                  "config.json: 'gamma_init' must be a number, not '-0.5'"),
+    "a bool for a number": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": true'), RUN,
+                            "config.json: 'gamma_init' must be a number, not True"),
+    "a number for a bool": (lambda d: edit(d / "config.json", '"learn_gamma": true', '"learn_gamma": 1'), RUN,
+                            "config.json: 'learn_gamma' must be a bool, not 1"),
+    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN, "log.jsonl:1: expected a JSON object"),
+    "eval without gamma": (lambda d: edit(d / "log.jsonl", '"gamma"', '"gamma_"'), RUN,
+                           "log.jsonl:1: eval record has no 'gamma'"),
+    "ragged gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0]', '"gamma": [[0.0]'), RUN,
+                     "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
+    "empty gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
+                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]', '"gamma": [[]], "delta": [[]]'),
+                    RUN, "log.jsonl:1: gamma and delta must both be non-empty"),
+    "val_loss a bool": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val_loss": true'), RUN,
+                        "log.jsonl:1: eval record's 'val_loss' must be a number, not True"),
+    "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
+    "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
+                          "run_s0: Is a directory"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_cli_errors_are_one_line(tmp_path, capsys, case):
+    breaks, args, message = ERRORS[case]
+    make_run(tmp_path, "run_s0", gamma=[[0.0] * 4] * 2, delta=[[1.0] * 4] * 2)
+    if breaks:
+        breaks(tmp_path / "run_s0")
+    assert message in error_line(capsys, args(tmp_path / "run_s0"))
+
+
+def test_diverged_run_is_not_a_crash(tmp_path, capsys, no_figures):
+    dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+                              ("mix_s0", "mix", 0, float("nan"), {}), ("mix_s1", "mix", 1, 2.0, {})])
+    assert corridor.main(dirs) == 0
+    out = capsys.readouterr().out.splitlines()
+    groups = out.index(next(line for line in out if line.startswith("== seed groups")))
+    assert out[groups + 3].split() == ["mix", "2", "nan", "±", "nan", "n/a", "n/a", "n/a", "1/2", "n/a", "50%", "±", "0%"]
+    runs = out.index(next(line for line in out if line.startswith("== runs by")))
+    assert out[runs + 5].split()[0] == "mix_s0"  # the NaN run last
