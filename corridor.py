@@ -38,6 +38,10 @@ FIXED_GAMMA_X = "gamma_init"
 LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
 
 
+# -----------------------------------------------------------------------------
+# One run
+
+
 def load_run(path):
     """Read config.json and log.jsonl of one run directory; raise ValueError with one clear line if it is not usable."""
     if not os.path.exists(path):
@@ -60,11 +64,13 @@ def load_run(path):
     if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
         what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
         raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
-    for key, default in CONTROLS.items():  # a control's value has its default's type (None: anything goes)
+    for key, default in CONTROLS.items():  # switches are bools; the rest numbers (or None where that is the default)
         value = config.get(key, default)
-        kind = bool if isinstance(default, bool) else (int, float) if isinstance(default, float) else object
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if kind is bool else 'number'}, not {value!r}")
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, bool) if isinstance(default, bool) else is_number or (value is None and default is None)
+        if not ok:
+            raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if isinstance(default, bool) else 'number'}, "
+                             f"not {value!r}")
     with open(log_path, "rb") as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
@@ -126,9 +132,8 @@ def summarize(run):
     best = min(run["evals"], key=lambda r: r["val_loss"])
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
-    s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op, "controls": controls(run["config"]),
-         "learns_gamma": learns_gamma(run),
-         "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
+    s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
+         "controls": controls(run["config"]), "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
@@ -145,11 +150,13 @@ def summarize(run):
     return s
 
 
-# --- paired statistics ------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
+# Paired statistics
 # Runs of one seed share their initial weights and data order, so each run is compared with the attention run of
 # the same seed: d_i = val_i − val_attention_i. With n such differences, mean m and sample std s, the paired
 # t-test asks whether the mean difference could be 0: t = m / (s/√n) follows Student's t distribution with n − 1
 # degrees of freedom if it is. The few lines of that distribution are written out here (no scipy needed).
+
 
 def betainc(a, b, x):
     """Regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz's method)."""
@@ -256,6 +263,10 @@ def paired_stats(diffs, level=0.95):
     return out
 
 
+# -----------------------------------------------------------------------------
+# Comparing runs: seed groups and their attention baselines
+
+
 def seeds(n):
     return f"{n} seed" + ("s" if n != 1 else "")
 
@@ -354,6 +365,10 @@ def compare(runs):
                                                                 math.isnan(g["val_mean"]), g["val_mean"]))}
 
 
+# -----------------------------------------------------------------------------
+# Figures
+
+
 def val_loss_lines(runs, groups, max_lines=10):
     """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line per run,
     or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
@@ -408,7 +423,8 @@ def plot_corridor_curve(curve, plt):
     learned = curve["learned"]
     if learned:
         n_layer = max(len(g["layer_gamma"]) for g in learned)
-        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5), height_ratios=[3, 0.6 + 0.45 * n_layer])
+        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
+                                      gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
     else:
         fig, ax = plt.subplots(figsize=(12, 7))
         low = None
@@ -443,6 +459,7 @@ def plot_corridor_curve(curve, plt):
         low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
         low.legend(loc="best", fontsize=12)
     (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  γ = −1: negative Laplacian)")
+    xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
     ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
     return fig
 
@@ -514,6 +531,10 @@ def plot(runs, out_dir):
     return paths
 
 
+# -----------------------------------------------------------------------------
+# The console report
+
+
 def fmt(v, spec="+.4f"):
     return "n/a" if v is None else format(v, spec)
 
@@ -583,7 +604,9 @@ def report(runs):
               " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
 
 
-# --- the runs as a table anyone can recompute the statistics from ----------------------------------------------
+# -----------------------------------------------------------------------------
+# The runs as a table anyone can recompute the statistics from
+
 
 CSV_COLUMNS = ("setting", "seed", "iters", "val_loss", "commit")
 
@@ -604,6 +627,10 @@ def write_csv(runs, path):
         writer.writerow(CSV_COLUMNS)
         writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
     return path
+
+
+# -----------------------------------------------------------------------------
+# Command line
 
 
 def main(argv):
