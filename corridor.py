@@ -1,18 +1,26 @@
 """
-corridor.py: read nanoCorridor run directories and report where the heads' γ ended up.
+corridor.py: read nanoCorridor run directories, report where the heads' γ ended up and how the runs compare.
 
 Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first
 layer learn γ ∈ (−1, 0), the "convex corridor". This script checks that on our own runs:
 
-    python corridor.py out/mix_s0 [out/attn_s0 ...] [--out=DIR]
+    python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
 
-It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ),
-then, given several runs, a table sorted by final val loss and the seed-averaged groups. It writes
-PNG figures into DIR (default: the first run's directory) and prints their paths.
+It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ).
+Given several runs it prints a table sorted by final val loss, then the seed groups (runs that differ only
+in seed) with paired statistics against attention: each run minus the attention run of the same seed and
+config (same initial weights and data order), the mean of those differences with its 95% t confidence
+interval, the paired t-test p-value and the sign count ("k/n lower") with its exact sign-test p-value.
+It writes PNG figures into DIR (default: the first run's directory), among them corridor_curve.png when
+there are fixed-γ runs (val loss against a fixed γ with δ = 1), and with --csv one row per run
+(setting,seed,iters,val_loss,commit) from which anyone can recompute the statistics.
 A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
+import csv
 import json
+import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -23,6 +31,15 @@ CONTROLS = {"gamma_init": 0.0, "delta_init": 1.0, "learn_gamma": True, "learn_de
             "gamma_min": None, "laplacian_heads": None}
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
+BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
+# the corridor curve: runs whose config has these values have γ fixed to their gamma_init and δ fixed to 1 ...
+FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
+FIXED_GAMMA_X = "gamma_init"
+LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
+
+
+# -----------------------------------------------------------------------------
+# One run
 
 
 def load_run(path):
@@ -36,35 +53,51 @@ def load_run(path):
         raise ValueError(f"{path}: not a run directory, missing {' and '.join(missing)} (train.py writes them)")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
     try:
-        with open(cfg_path) as f:
+        with open(cfg_path, encoding="utf-8") as f:
             config = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
-    with open(log_path) as f:
+    if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
+        what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
+        raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
+    for key, default in CONTROLS.items():  # switches are bools; the rest numbers (or None where that is the default)
+        value = config.get(key, default)
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, bool) if isinstance(default, bool) else is_number or (value is None and default is None)
+        if not ok:
+            raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if isinstance(default, bool) else 'number'}, "
+                             f"not {value!r}")
+    with open(log_path, "rb") as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
     for k, (lineno, line) in enumerate(lines):
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if k == len(lines) - 1:  # a run killed mid-write leaves half a line: keep everything before it
                 warnings.append(f"{log_path}:{lineno}: last line is cut off, skipped it")
                 continue
-            raise ValueError(f"{log_path}:{lineno}: invalid JSON in the middle of the log") from None
+            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON"
+            raise ValueError(f"{log_path}:{lineno}: {what} in the middle of the log") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{log_path}:{lineno}: expected a JSON object")
         if rec.get("event") == "eval":
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
                     raise ValueError(f"{log_path}:{lineno}: eval record has no '{key}'")
+            for key in ("iter", "val_loss"):
+                if not isinstance(rec[key], (int, float)) or isinstance(rec[key], bool):
+                    raise ValueError(f"{log_path}:{lineno}: eval record's '{key}' must be a number, not {rec[key]!r}")
             try:
                 shapes = np.array(rec["gamma"], dtype=float).shape, np.array(rec["delta"], dtype=float).shape
             except (ValueError, TypeError):  # ragged or non-numeric
                 shapes = None, None
-            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1]:
-                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be layer x head lists")
+            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1] or 0 in shapes[0]:
+                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be non-empty layer x head lists")
         records.append(rec)
     evals = [r for r in records if r.get("event") == "eval"]
     if not evals:
@@ -81,7 +114,7 @@ def controls(config):
 def describe(run):
     """Short human label: op, changed controls, seed."""
     cfg = run["config"]
-    parts = [str(cfg.get("op", "?"))] + [f"{k}={v}" for k, v in controls(cfg).items()]
+    parts = [cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()]
     if "seed" in cfg:
         parts.append(f"seed={cfg['seed']}")
     return " ".join(parts)
@@ -99,8 +132,8 @@ def summarize(run):
     best = min(run["evals"], key=lambda r: r["val_loss"])
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
-    s = {"name": run["name"], "label": describe(run), "op": op, "controls": controls(run["config"]),
-         "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
+    s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
+         "controls": controls(run["config"]), "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
@@ -117,27 +150,183 @@ def summarize(run):
     return s
 
 
+# -----------------------------------------------------------------------------
+# Paired statistics
+# Runs of one seed share their initial weights and data order, so each run is compared with the attention run of
+# the same seed: d_i = val_i − val_attention_i. With n such differences, mean m and sample std s, the paired
+# t-test asks whether the mean difference could be 0: t = m / (s/√n) follows Student's t distribution with n − 1
+# degrees of freedom if it is. The few lines of that distribution are written out here (no scipy needed).
+
+
+def betainc(a, b, x):
+    """Regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz's method)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    # the fraction converges fast for x < (a+1)/(a+b+2); otherwise use the symmetry I_x(a, b) = 1 − I_{1−x}(b, a)
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - betainc(b, a, 1.0 - x)
+    # I_x(a, b) = x^a (1−x)^b / (a·B(a, b)) · 1/(1 + d1/(1 + d2/(1 + ...))), with the fraction's terms
+    #   d_{2m} = m(b−m)x / ((a+2m−1)(a+2m)),   d_{2m+1} = −(a+m)(a+b+m)x / ((a+2m)(a+2m+1))
+    front = math.exp(a * math.log(x) + b * math.log1p(-x) - math.lgamma(a) - math.lgamma(b) + math.lgamma(a + b)) / a
+    # Lentz's method evaluates f = 1 + 1/(1 + d1/(1 + d2/(1 + ...))) one level at a time, as the product of the
+    # ratios c·d of successive truncations (the leading "1 + 1/" makes step 0 look like the others); I_x needs f − 1
+    tiny = 1e-300  # keeps the denominators away from zero
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * (f - 1.0)
+
+
+def t_tail(t, df):
+    """P(T ≥ |t|) under Student's t with df degrees of freedom.
+
+    Both forms below are the textbook I_x formula; each is used where its x stays ≤ 1/2, because betainc loses
+    digits when handed an x close to 1 (it must then work with 1 − x, and x's rounding error swamps it)."""
+    if t * t < df:  # the central mass P(|T| < t) = I_{t²/(df+t²)}(1/2, df/2)
+        return 0.5 - 0.5 * betainc(0.5, df / 2.0, t * t / (df + t * t))
+    return 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # the tails P(|T| ≥ t) = I_{df/(df+t²)}(df/2, 1/2)
+
+
+def t_sf2(t, df):
+    """The two-sided p-value P(|T| ≥ |t|)."""
+    return 2.0 * t_tail(t, df)
+
+
+def t_cdf(t, df):
+    """P(T ≤ t): the density is symmetric about 0."""
+    return 1.0 - t_tail(t, df) if t >= 0 else t_tail(t, df)
+
+
+def t_quantile(q, df):
+    """The t with P(T ≤ t) = q, by bisection on the (decreasing) upper tail; e.g. t_quantile(0.975, 7) = 2.3646."""
+    tail = min(q, 1.0 - q)  # by symmetry, find t ≥ 0 with P(T ≥ t) = tail, then give it q's side of 0
+    lo, hi = 0.0, 1.0
+    while t_tail(hi, df) > tail:  # widen until the answer is bracketed
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_tail(mid, df) > tail else (lo, mid)
+        if hi - lo <= 1e-12 * hi:
+            break
+    t = 0.5 * (lo + hi)
+    return t if q > 0.5 else -t if q < 0.5 else 0.0
+
+
+def sign_test_p(k, n):
+    """Two-sided exact sign test: the chance of a split at least as uneven as k of n under a fair coin."""
+    if n == 0:
+        return None
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_stats(diffs, level=0.95):
+    """Mean paired difference, its t confidence interval, the paired t-test p and the sign test.
+
+    None marks what the data cannot define: every t statistic needs n ≥ 2 and a non-zero spread (with zero
+    spread t = m/0, and a zero-width interval would claim certainty that two or more seeds cannot give).
+    """
+    d = np.array(diffs, dtype=float)
+    n = len(d)
+    out = {"n_pairs": n, "paired_mean": None, "paired_std": None, "ci": None, "t": None, "p_t": None,
+           "k_lower": int((d < 0).sum()), "p_sign": None}
+    if n == 0 or not np.isfinite(d).all():  # a diverged run (val loss NaN) has no meaningful difference
+        return out
+    # the sign test counts runs below and above attention and ignores exact ties
+    out["p_sign"] = sign_test_p(out["k_lower"], int((d != 0).sum()))
+    out["paired_mean"] = float(d.mean())
+    if n < 2:
+        return out
+    s = float(d.std(ddof=1))
+    out["paired_std"] = s
+    # differences of float val losses carry rounding noise of ~1e-16: treat a spread that small as zero
+    if s <= 1e-12 * max(1.0, float(np.abs(d).max())):
+        return out
+    se = s / math.sqrt(n)  # standard error of the mean
+    half = t_quantile(0.5 + level / 2, n - 1) * se
+    out["ci"] = (out["paired_mean"] - half, out["paired_mean"] + half)
+    out["t"] = out["paired_mean"] / se
+    out["p_t"] = t_sf2(out["t"], n - 1)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Comparing runs: seed groups and their attention baselines
+
+
+def seeds(n):
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def sample_std(x):
     return float(np.std(x, ddof=1)) if len(x) > 1 else None  # a sample std needs at least two runs
 
 
+def setting_name(name):
+    """The experiment shell lines name a run directory <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
+    return re.sub(r"_s\d+$", "", name)
+
+
+def experiment(config):
+    """The config keys that define the experiment: runs equal in these are repeats that differ only in seed."""
+    return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
+
+
+def baseline_key(config):
+    """What a run's attention baseline must share with it: the whole experiment except the op and its controls.
+    So 3600-iteration runs are compared with 3600-iteration attention runs, never with 1200-iteration ones."""
+    return json.dumps({k: v for k, v in experiment(config).items() if k != "op" and k not in CONTROLS}, sort_keys=True)
+
+
 def compare(runs):
-    """Table rows sorted by final val loss, and seed groups (mean ± sample std), both with the gap to attention."""
+    """Table rows sorted by final val loss, and seed groups with their paired statistics against attention.
+
+    A group is the runs whose configs differ only in the seed (and NOT_EXPERIMENT keys). Its baseline is the
+    attention runs of the same config apart from op and controls; each of its runs is paired with the one of
+    the same seed (same initial weights and data order) when both ended at the same iteration.
+    """
     sums = [summarize(r) for r in runs]
-    attn = [s["final_val"] for s in sums if s["op"] == "attention"]
-    base = float(np.mean(attn)) if attn else None  # the attention baseline: mean over all attention runs
-    rows = sorted(sums, key=lambda s: s["final_val"])
-    for s in rows:
-        s["vs_attention"] = None if base is None else s["final_val"] - base
-    # runs of one seed share the initial weights and the data order, so the sharpest comparison is paired:
-    # each run against the attention run of the same seed
-    attn_by_seed = {r["config"].get("seed"): s["final_val"] for r, s in zip(runs, sums) if s["op"] == "attention"}
-    groups, seeds = {}, {}
     for run, s in zip(runs, sums):
-        key = json.dumps({k: v for k, v in run["config"].items()
-                          if k not in NOT_EXPERIMENT and not k.startswith("wandb")}, sort_keys=True)
-        groups.setdefault(key, []).append(s)
-        seeds[s["name"]] = run["config"].get("seed")
+        s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
+    attention = {}  # baseline key -> {seed: summary of that attention run}
+    groups = {}  # experiment -> summaries of its runs
+    seen = {}
+
+    def once(key, s):  # a second run of one config and seed is the same experiment twice: it would count twice
+        if key in seen:
+            raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} (one run "
+                             "twice, or a rerun); pass only one of them")
+        seen[key] = s
+
+    for run, s in zip(runs, sums):
+        exp = json.dumps(experiment(run["config"]), sort_keys=True)
+        once(("run", exp, s["seed"]), s)
+        groups.setdefault(exp, []).append(s)
+        if s["op"] == BASELINE_OP:
+            once(("attention", s["baseline"], s["seed"]), s)
+            attention.setdefault(s["baseline"], {})[s["seed"]] = s
+
+    def attention_mean(s):
+        base = attention.get(s["baseline"])
+        return float(np.mean([a["final_val"] for a in base.values()])) if base else None
+
+    rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # a diverged run (NaN) last
+    for s in rows:
+        base = attention_mean(s)
+        s["vs_attention"] = None if base is None else s["final_val"] - base
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
     cfgs = {key: json.loads(key) for key in groups}
     varying = sorted({k for c in cfgs.values() for k in c if len({json.dumps(d.get(k)) for d in cfgs.values()}) > 1})
@@ -146,17 +335,133 @@ def compare(runs):
         cfg = cfgs[key]
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
-        paired = [m["final_val"] - attn_by_seed[seeds[m["name"]]] for m in members if seeds[m["name"]] in attn_by_seed]
-        label = [str(cfg.get("op", "?"))] + [f"{k}={cfg.get(k)}" for k in varying
-                                             if k != "op" and not (k in CONTROLS and cfg.get(k) == CONTROLS[k])]
-        out.append({"label": " ".join(label),
-                    "op": cfg.get("op"), "names": [m["name"] for m in members], "n": len(members),
+        is_baseline = cfg["op"] == BASELINE_OP
+        base = attention.get(members[0]["baseline"], {})  # members share it: their configs differ only in seed
+        pairs = [] if is_baseline else [(m, base[m["seed"]]) for m in members
+                                        if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]]
+        paired = [m["final_val"] - a["final_val"] for m, a in pairs]
+        label = [cfg["op"]] + [f"{k}={cfg[k]}" for k in varying
+                               if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])]
+        attn_val = attention_mean(members[0])
+        out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
+                    "baseline_key": members[0]["baseline"],
+                    "learns_gamma": members[0]["learns_gamma"],
+                    "names": [m["name"] for m in members], "paths": [m["path"] for m in members], "n": len(members),
                     "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
-                    "vs_attention": None if base is None else float(val.mean()) - base,
-                    "paired": paired, "paired_mean": float(np.mean(paired)) if paired else None,
-                    "paired_std": sample_std(paired)})
-    return {"rows": rows, "groups": sorted(out, key=lambda g: g["val_mean"]), "attention_val": base}
+                    "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
+                    "layer_gamma": np.mean([m["layer_gamma"] for m in members], axis=0).tolist(),
+                    "layer_gamma_std": [sample_std(g) for g in np.array([m["layer_gamma"] for m in members]).T],
+                    "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
+    # the short name to print: the setting's directory name without _s<seed> (its config file's name), where all
+    # its runs share one and no other group has it; otherwise the label made from its config
+    names = [{setting_name(n) for n in g["names"]} for g in out]
+    for g, own in zip(out, names):
+        g["setting"] = next(iter(own)) if len(own) == 1 and sum(own <= other for other in names) == 1 else g["label"]
+    # settings sorted by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
+    block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key], default=math.inf)
+             for key in {g["baseline_key"] for g in out}}
+    return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
+                                                                math.isnan(g["val_mean"]), g["val_mean"]))}
+
+
+# -----------------------------------------------------------------------------
+# Figures
+
+
+def val_loss_lines(runs, groups, max_lines=10):
+    """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line per run,
+    or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
+    step = "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+    if len(runs) <= max_lines:
+        return ([(f"{run['name']} ({describe(run)})", {r[step]: r["val_loss"] for r in run["evals"]}) for run in runs],
+                step, "validation loss")
+    by_path = {run["path"]: run for run in runs}
+    lines = []
+    for g in groups:
+        curves = [{r[step]: r["val_loss"] for r in by_path[p]["evals"]} for p in g["paths"]]
+        common = sorted(set.intersection(*(set(c) for c in curves)))
+        lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves])) for x in common}))
+    return lines, step, "validation loss, mean over seeds"
+
+
+def curve_data(groups):
+    """What corridor_curve.png shows, from compare()'s groups.
+
+    curves: one per attention baseline (usually one): the fixed-γ settings (δ = 1) at x = their γ, y = the
+    mean paired difference to attention with its 95% CI (NaN where undefined), plus attention itself at (0, 0).
+    learned: for each setting of LEARNED_OP with default controls, its mean final γ per layer (± seed std).
+    """
+    fixed = [g for g in groups if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v
+                                                      for k, v in FIXED_GAMMA.items())]
+    by_baseline = {}
+    for g in fixed:
+        by_baseline.setdefault(baseline_key(g["config"]), []).append(g)
+    # name each curve by what its baseline config does differently from the others' (nothing, for one curve)
+    bases = {key: json.loads(key) for key in by_baseline}
+    varying = sorted({k for b in bases.values() for k in b if len({json.dumps(c.get(k)) for c in bases.values()}) > 1})
+    curves = []
+    for key, gs in by_baseline.items():
+        nan = math.nan
+        points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
+        points += [(float(g["config"].get(FIXED_GAMMA_X, CONTROLS[FIXED_GAMMA_X])),
+                    nan if g["paired_mean"] is None else g["paired_mean"]) + (g["ci"] or (nan, nan)) + (g["n_pairs"],)
+                   for g in gs]
+        gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
+        label = " ".join(f"{k}={bases[key][k]}" for k in varying if k in bases[key])
+        curves.append({"label": "fixed γ, δ = 1" + (f" ({label})" if label else ""), "gamma": gamma, "mean": mean,
+                       "lo": lo, "hi": hi, "n": n})
+    learned = [{"label": g["setting"], "n": g["n"], "layer_gamma": g["layer_gamma"],
+                "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]]}
+               for g in groups if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])]
+    return {"curves": curves, "learned": learned}
+
+
+def plot_corridor_curve(curve, plt):
+    """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
+    and below it, on the same γ axis, where the learned runs' layers end up."""
+    learned = curve["learned"]
+    if learned:
+        n_layer = max(len(g["layer_gamma"]) for g in learned)
+        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
+                                      gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
+    else:
+        fig, ax = plt.subplots(figsize=(12, 7))
+        low = None
+    for a in (ax, low) if low else (ax,):
+        a.axvspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)" if a is ax else None)
+        a.grid(alpha=0.3)
+    ax.axhline(0, color="black", linewidth=1)
+    colours = plt.get_cmap("tab10")
+    xs = [0.0, -1.0]
+    for i, c in enumerate(curve["curves"]):
+        x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
+        xs += list(x)
+        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2, label="95% confidence interval" if i == 0 else None)
+        counts = [k for k in c["n"] if k is not None]  # seeds per fixed-γ point
+        n = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else str(counts[0])
+        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
+                    label=f"{c['label']}, {n} seed{'s' if n != '1' else ''} per point")
+    ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
+            label="attention (γ = 0, δ = 1)")
+    ax.set(ylabel="val loss − attention's\n(nats, same seed)",
+           title="Fixed γ with δ = 1: val loss minus attention's\n(mean over seeds, 95% confidence interval)")
+    ax.legend(loc="best", fontsize=13)
+    if low:
+        markers = "v^sD"
+        for j, g in enumerate(learned):
+            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # groups side by side
+            xs += list(g["layer_gamma"])
+            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt=markers[j % 4], markersize=11, capsize=4,
+                         color=colours(len(curve["curves"]) + j), label=f"learned {g['label']} ({seeds(g['n'])})")
+        low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
+        low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
+        low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
+        low.legend(loc="best", fontsize=12)
+    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  γ = −1: negative Laplacian)")
+    xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
+    ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
+    return fig
 
 
 def plot(runs, out_dir):
@@ -208,20 +513,56 @@ def plot(runs, out_dir):
                    title=f"final γ (iter {evals[-1]['iter']})\n{title}")
             fig.colorbar(im, ax=ax, label="γ")
             save(fig, f"gamma_final_{run['name']}.png")
-        fig, ax = plt.subplots(figsize=(11, 6.5))
-        use_tokens = all("tokens" in r for run in runs for r in run["evals"])
-        for run in runs:
-            ax.plot([r["tokens"] if use_tokens else r["iter"] for r in run["evals"]],
-                    [r["val_loss"] for r in run["evals"]], marker="o", label=f"{run['name']} ({describe(run)})")
-        ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel="val loss", title="validation loss")
-        ax.legend(loc="best")
+        groups = compare(runs)["groups"]
+        lines, step, title = val_loss_lines(runs, groups)
+        fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
+        for i, (label, curve) in enumerate(lines):  # 10 colours, then the next line style
+            ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3], label=label)
+        ax.set(xlabel="tokens" if step == "tokens" else "iteration", ylabel="val loss (nats)", title=title)
+        if len(lines) <= 6:
+            ax.legend(loc="best")
+        else:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10)
         ax.grid(alpha=0.3)
         save(fig, "val_loss.png")
+        curve = curve_data(groups)
+        if curve["curves"]:  # fixed-γ runs with attention runs to pair them with
+            save(plot_corridor_curve(curve, plt), "corridor_curve.png")
     return paths
+
+
+# -----------------------------------------------------------------------------
+# The console report
 
 
 def fmt(v, spec="+.4f"):
     return "n/a" if v is None else format(v, spec)
+
+
+def fmt_p(p):
+    return "n/a" if p is None else f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def print_table(header, rows, left=1):
+    """Columns padded to their widest cell: the first `left` left-aligned (names), the others right-aligned."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    for r in [header] + rows:
+        print("   " + " ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def group_cells(g):
+    """One row of the seed-group table (see the legend report prints under it)."""
+    val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
+    deep = "fixed" if not g["learns_gamma"] else (
+        "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
+    if g["is_baseline"]:
+        return [g["setting"], str(g["n"]), val, "baseline", "", "", "", "", deep]
+    if not g["paired"]:  # no attention run of the same config, seed and length
+        return [g["setting"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
+    ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
+    diff = "n/a" if g["paired_mean"] is None else f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}"
+    return [g["setting"], str(g["n"]), val, diff, ci,
+            fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
 
 
 def report(runs):
@@ -230,8 +571,11 @@ def report(runs):
         s = summarize(run)
         tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
         print(f"== {s['name']}  ({s['label']})")
+        max_iters = run["config"].get("max_iters")
+        unfinished = (f"; unfinished, max_iters is {max_iters}" if isinstance(max_iters, int)
+                      and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
         print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} (iter {s['best_iter']}),"
-              f" final {s['final_val']:.4f} (iter {s['final_iter']})")
+              f" final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
             continue
@@ -245,44 +589,70 @@ def report(runs):
     if len(runs) < 2:
         return
     c = compare(runs)
-    print("\n== runs by final val loss" + ("" if c["attention_val"] is None else " (vs attention: minus mean attention val loss)"))
-    wn, wl = max(len(s["name"]) for s in c["rows"]), max(len(s["label"]) for s in c["rows"])  # column widths
-    print(f"   {'run':{wn}s} {'label':{wl}s} {'final val':>9s} {'best val':>9s} {'vs attn':>8s} {'corridor>L1':>11s}")
-    for s in c["rows"]:
-        deep = "fixed" if s["fixed"] else fmt(s["frac_deep"], ".0%")
-        print(f"   {s['name']:{wn}s} {s['label']:{wl}s} {s['final_val']:9.4f} {s['best_val']:9.4f}"
-              f" {fmt(s['vs_attention']):>8s} {deep:>11s}")
+    print("\n== runs by final val loss (vs attn: minus the mean final val loss of the attention runs of the same config)")
+    print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
+                [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
+                  "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in c["rows"]],
+                left=2)
     if any(g["n"] > 1 for g in c["groups"]):
-        print("\n== seed groups (mean ± sample std over runs that differ only in seed)")
-        wg = max(len(g["label"]) for g in c["groups"])
-        print(f"   {'group':{wg}s} {'n':>2s} {'final val':>17s} {'vs attn':>8s} {'same seed vs attn':>27s}"
-              f" {'corridor>L1':>13s}")
-        for g in c["groups"]:
-            val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
-            deep = "fixed" if g["op"] in FIXED_OPS else (
-                "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
-            paired = "n/a" if g["paired_mean"] is None or g["op"] == "attention" else (
-                f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')} "
-                f"({sum(d < 0 for d in g['paired'])}/{len(g['paired'])} lower)")
-            print(f"   {g['label']:{wg}s} {g['n']:2d} {val:>17s} {fmt(g['vs_attention']):>8s} {paired:>27s} {deep:>13s}")
+        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config")
+        print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
+                     "corridor>L1"], [group_cells(g) for g in c["groups"]])
+        print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
+              " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
+              "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
+              " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
+
+
+# -----------------------------------------------------------------------------
+# The runs as a table anyone can recompute the statistics from
+
+
+CSV_COLUMNS = ("setting", "seed", "iters", "val_loss", "commit")
+
+
+def start_commit(run):
+    """The git commit train.py recorded in the log's first "start" record; 'unknown' for older logs or no git."""
+    start = next((r for r in run["records"] if r.get("event") == "start"), None)
+    return str(start["commit"]) if start and start.get("commit") else "unknown"
+
+
+def write_csv(runs, path):
+    """One row per run, sorted by setting and seed: the final eval's iteration and val loss (full precision)."""
+    rows = [(setting_name(r["name"]), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
+             start_commit(r)) for r in runs]
+    rows.sort(key=lambda row: (row[0], str(type(row[1])), row[1], row[2]))  # type first: a missing seed sorts apart
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# Command line
 
 
 def main(argv):
-    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR]"
-    out, paths = None, []
+    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
+    opts, paths = {"--out": None, "--csv": None}, []
     for arg in argv:
         if arg in ("-h", "--help"):
             print(usage)
             return 0
-        if arg.startswith("--out="):
-            out = arg[len("--out="):]
-        elif arg.startswith("--"):
+        key, eq, value = arg.partition("=")
+        if key in opts:
+            if not value:
+                print(f"error: {key}= needs a path, as in {key}=out/figures ({usage})", file=sys.stderr)
+                return 1
+            opts[key] = value
+        elif arg.startswith("-"):
             print(f"error: unknown option {arg} ({usage})", file=sys.stderr)
             return 1
         else:
             paths.append(arg)
-    if not paths or out == "":
-        print(f"error: {'--out= needs a directory' if paths else 'no run directory given'} ({usage})", file=sys.stderr)
+    if not paths:
+        print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
     try:
         runs = [load_run(p) for p in paths]
@@ -290,11 +660,21 @@ def main(argv):
             for w in run["warnings"]:
                 print(f"warning: {w}", file=sys.stderr)
         report(runs)
-        written = plot(runs, out or runs[0]["path"])
-    except (ValueError, OSError) as e:
+        written = [write_csv(runs, opts["--csv"])] if opts["--csv"] else []
+        try:
+            import matplotlib  # noqa: F401  (figures are optional: the tables and the CSV do not need them)
+        except ImportError:
+            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
+        else:
+            written += plot(runs, opts["--out"] or runs[0]["path"])
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print("\nwrote " + "\n      ".join(written))
+    except OSError as e:  # e.g. --out names a file, or --csv a folder
+        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)
+        return 1
+    if written:
+        print("\nwrote " + "\n      ".join(written))
     return 0
 
 

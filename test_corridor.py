@@ -12,8 +12,9 @@ GAMMA = [[-0.5, -0.2, 0.3, -1.0],
 DELTA = [[1.0] * 4, [2.0] * 4, [3.0, 3.0, 4.0, 4.0]]
 
 
-def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", **cfg):
-    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta."""
+def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", head=(), **cfg):
+    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta.
+    head: records written first (train.py's "start" records)."""
     d = tmp_path / name
     d.mkdir()
     config = {"out_dir": f"out/{name}", "dataset": "pydocs", "op": op, "seed": seed, "n_layer": len(gamma),
@@ -21,7 +22,7 @@ def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA,
               "learn_delta": True, "gamma_min": None, "laplacian_heads": None, **cfg}
     (d / "config.json").write_text(json.dumps(config))
     zeros, ones = [[0.0] * len(g) for g in gamma], [[1.0] * len(g) for g in gamma]
-    lines = []
+    lines = list(head)
     for i, v in enumerate(val):
         it = 100 * i
         if it:
@@ -32,6 +33,12 @@ def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA,
                       "gamma": gamma if last else zeros, "delta": delta if last else ones})
     (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + tail)
     return str(d)
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """For tests of the printed tables and the CSV: skip drawing the PNGs (the figure tests draw them)."""
+    monkeypatch.setattr(corridor, "plot", lambda runs, out_dir: [])
 
 
 def test_summary_numbers(tmp_path):
@@ -50,7 +57,7 @@ def test_controls_only_non_default(tmp_path):
     assert corridor.describe(run) == "mix gamma_init=-0.5 learn_gamma=False seed=3"
 
 
-def test_attention_and_laplacian_shown_as_fixed(tmp_path, capsys):
+def test_attention_and_laplacian_shown_as_fixed(tmp_path, capsys, no_figures):
     zeros, ones = [[0.0] * 4] * 2, [[1.0] * 4] * 2
     attn = make_run(tmp_path, "attn", op="attention", gamma=zeros, delta=ones)
     lap = make_run(tmp_path, "lap", op="laplacian", gamma=[[0.0, 0.0, -1.0, -1.0]] * 2,
@@ -69,7 +76,6 @@ def test_compare_order_and_difference_to_attention(tmp_path):
     c = corridor.compare(runs)
     assert [s["name"] for s in c["rows"]] == ["mix", "lap", "attn"]
     assert [s["vs_attention"] for s in c["rows"]] == pytest.approx([-0.25, -0.125, 0.0])
-    assert c["attention_val"] == 2.0
 
 
 def test_seed_groups_mean_std(tmp_path):
@@ -141,7 +147,7 @@ def test_not_a_run_dir(tmp_path, capsys):
     assert "missing log.jsonl (" in error_line(capsys, [str(tmp_path / "half")])
 
 
-def test_truncated_last_line_is_skipped_with_warning(tmp_path, capsys):
+def test_truncated_last_line_is_skipped_with_warning(tmp_path, capsys, no_figures):
     d = make_run(tmp_path, "crashed", tail='{"event": "eval", "iter": 300, "val_lo')
     run = corridor.load_run(d)
     assert len(run["evals"]) == 3 and "log.jsonl:6: last line is cut off" in run["warnings"][0]
@@ -172,3 +178,365 @@ def test_no_eval_record(tmp_path, capsys):
 def test_bad_arguments(tmp_path, capsys):
     assert "no run directory given" in error_line(capsys, [])
     assert "unknown option --outdir=x" in error_line(capsys, ["--outdir=x", str(tmp_path)])
+
+
+def test_not_utf8_names_the_file(tmp_path, capsys):
+    d = make_run(tmp_path, "latin1")
+    cfg = tmp_path / "latin1" / "config.json"
+    cfg.write_bytes(cfg.read_bytes().replace(b'"pydocs"', b'"caf\xe9"'))  # é in Latin-1: not UTF-8
+    assert f"error: {cfg}: not UTF-8 text (byte " in error_line(capsys, [d])
+    d = make_run(tmp_path, "badlog")
+    log = tmp_path / "badlog" / "log.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"train"', b'"tr\xffin"')
+    log.write_bytes(b"".join(lines))
+    assert error_line(capsys, [d]) == f"error: {log}:2: not UTF-8 text in the middle of the log"
+
+
+def test_config_without_op_is_an_error(tmp_path, capsys):
+    d = make_run(tmp_path, "noop")
+    cfg = tmp_path / "noop" / "config.json"
+    cfg.write_text("{}")
+    assert error_line(capsys, [d]).startswith(f"error: {cfg}: has no 'op' key (")
+    cfg.write_text('{"op": null, "seed": 0}')
+    assert f"{cfg}: 'op' must be a string, not None" in error_line(capsys, [d])
+
+
+def test_eval_record_needs_numbers(tmp_path, capsys):
+    d = make_run(tmp_path, "nullval")
+    log = tmp_path / "nullval" / "log.jsonl"
+    log.write_text(log.read_text().replace('"val_loss": 2.0', '"val_loss": null'))
+    assert f"{log}:3: eval record's 'val_loss' must be a number, not None" in error_line(capsys, [d])
+
+
+# --- the statistics: textbook values, closed forms (t with 1 and 2 degrees of freedom) and hand-computed cases
+
+@pytest.mark.parametrize("x", [1e-12, 0.01, 0.3, 0.5, 0.9, 0.999])
+def test_incomplete_beta_closed_forms(x):
+    import math
+    assert corridor.betainc(1, 200, x) == pytest.approx(1 - (1 - x) ** 200, rel=1e-12)  # I_x(1, b) = 1 − (1−x)^b
+    assert corridor.betainc(300, 1, x) == pytest.approx(x ** 300, rel=1e-12, abs=1e-300)  # I_x(a, 1) = x^a
+    assert corridor.betainc(0.5, 0.5, x) == pytest.approx(2 / math.pi * math.asin(math.sqrt(x)), rel=1e-12)
+    assert corridor.betainc(2.5, 4.0, x) == pytest.approx(1 - corridor.betainc(4.0, 2.5, 1 - x), abs=1e-14)
+    assert corridor.betainc(3, 2, 0.0) == 0.0 and corridor.betainc(3, 2, 1.0) == 1.0
+
+
+def test_t_distribution_textbook_values():
+    assert corridor.t_quantile(0.975, 7) == pytest.approx(2.364624, abs=1e-6)
+    assert corridor.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
+    assert corridor.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)
+    assert corridor.t_quantile(0.975, 10 ** 6) == pytest.approx(1.959964, abs=1e-5)  # → the normal's 1.96
+    assert corridor.t_quantile(0.025, 7) == pytest.approx(-2.364624, abs=1e-6)  # symmetric about 0
+    assert corridor.t_quantile(0.5, 7) == 0.0
+    assert corridor.t_sf2(2.0, 5) == pytest.approx(0.101939, abs=1e-6)
+    assert corridor.t_sf2(-2.0, 5) == corridor.t_sf2(2.0, 5) and corridor.t_sf2(0.0, 5) == pytest.approx(1.0)
+    assert corridor.t_cdf(-1.3, 4) == pytest.approx(1 - corridor.t_cdf(1.3, 4), abs=1e-15)
+
+
+@pytest.mark.parametrize("t", [-40.0, -3.0, -0.7, 0.0, 0.01, 1.0, 2.5, 1e4])
+def test_t_distribution_closed_forms(t):
+    import math
+    assert corridor.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)  # Cauchy
+    assert corridor.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
+    q = corridor.t_cdf(t, 2)
+    if 1e-9 < q < 1 - 1e-9:  # df = 2 inverts in closed form: t = (2q − 1) / √(2q(1 − q))
+        assert corridor.t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-9)
+
+
+def test_t_distribution_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 7, 60):
+        for q in (0.001, 0.3, 0.975, 0.9999):
+            assert corridor.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
+        for t in (0.05, 0.8, 2.0, 6.0, 300.0):
+            assert corridor.t_sf2(t, df) == pytest.approx(2 * stats.t.sf(t, df), rel=1e-9, abs=1e-15)
+
+
+def test_sign_test():
+    assert corridor.sign_test_p(8, 8) == corridor.sign_test_p(0, 8) == 2 / 2 ** 8
+    assert corridor.sign_test_p(7, 8) == 2 * (1 + 8) / 2 ** 8
+    assert corridor.sign_test_p(3, 3) == 0.25 and corridor.sign_test_p(2, 3) == 1.0
+    assert corridor.sign_test_p(4, 8) == 1.0 and corridor.sign_test_p(1, 1) == 1.0
+    assert corridor.sign_test_p(0, 0) is None
+
+
+def test_paired_stats_by_hand():
+    # d = −1, −2, −3: mean −2, sample std 1, standard error 1/√3, t = −2√3 with 2 degrees of freedom
+    s = corridor.paired_stats([-1.0, -2.0, -3.0])
+    assert (s["n_pairs"], s["paired_mean"], s["paired_std"]) == (3, -2.0, 1.0)
+    assert s["t"] == pytest.approx(-2 * 3 ** 0.5)
+    assert s["ci"] == pytest.approx((-2 - 4.302653 / 3 ** 0.5, -2 + 4.302653 / 3 ** 0.5), abs=1e-6)
+    assert s["p_t"] == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)  # df = 2: p = 1 − |t|/√(2 + t²) = 0.074180
+    assert (s["k_lower"], s["p_sign"]) == (3, 0.25)
+    s = corridor.paired_stats([0.0, -1.0, -2.0])  # a tie does not count for the sign test: 2 of 2 lower
+    assert (s["k_lower"], s["p_sign"]) == (2, 0.5)
+    s = corridor.paired_stats([-1.0, -2.0, 3.0])  # mean 0: t = 0, p = 1
+    assert s["paired_mean"] == 0.0 and s["t"] == 0.0 and s["p_t"] == pytest.approx(1.0)
+
+
+def test_paired_stats_undefined_cases():
+    s = corridor.paired_stats([-0.5])  # one seed: a mean and a sign, no spread
+    assert (s["paired_mean"], s["k_lower"], s["p_sign"]) == (-0.5, 1, 1.0)
+    assert s["paired_std"] is s["ci"] is s["t"] is s["p_t"] is None
+    s = corridor.paired_stats([2.1 - 2.0, 2.2 - 2.1, 2.3 - 2.2])  # "equal" differences: float noise ~1e-16 only
+    assert s["paired_mean"] == pytest.approx(0.1) and s["ci"] is s["t"] is s["p_t"] is None
+    assert s["p_sign"] == 0.25 and s["k_lower"] == 0
+    s = corridor.paired_stats([])
+    assert (s["n_pairs"], s["k_lower"]) == (0, 0) and s["paired_mean"] is s["p_sign"] is s["ci"] is None
+    s = corridor.paired_stats([-0.1, float("nan")])  # a diverged run: nothing to conclude
+    assert s["paired_mean"] is s["p_t"] is s["p_sign"] is None
+
+
+# --- paired comparison with attention: which runs pair, and what the seed-group table prints
+
+TWO_LAYERS = {"gamma": [[-0.5] * 4, [-0.5, -0.5, 0.5, 0.5]], "delta": [[1.0] * 4] * 2}  # half inside beyond L1
+ZEROS = {"gamma": [[0.0] * 4] * 2, "delta": [[1.0] * 4] * 2}
+
+
+def runs_of(tmp_path, specs):
+    """specs: (name, op, seed, final val, config overrides); every run logs evals at iters 0 and 100."""
+    return [make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), **(ZEROS if op == "attention" else TWO_LAYERS),
+                     **extra) for name, op, seed, v, extra in specs]
+
+
+def group(c, label):
+    (g,) = [g for g in c["groups"] if g["label"] == label]
+    return g
+
+
+def test_paired_statistics_by_hand_and_printed(tmp_path, capsys, no_figures):
+    # d = −0.1, −0.1, −0.2: mean −0.1333, s = 0.0577, t = −4 with 2 df → p = 1 − 4/√18; 95% CI ±4.302653·s/√3
+    dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+                              ("attn_s2", "attention", 2, 2.2, {}), ("mix_s0", "mix", 0, 1.9, {}),
+                              ("mix_s1", "mix", 1, 2.0, {}), ("mix_s2", "mix", 2, 2.0, {})])
+    mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
+    assert mix["paired"] == pytest.approx([-0.1, -0.1, -0.2]) and mix["paired_seeds"] == [0, 1, 2]
+    assert mix["paired_mean"] == pytest.approx(-0.4 / 3) and mix["paired_std"] == pytest.approx(0.0577350, abs=1e-7)
+    assert mix["t"] == pytest.approx(-4.0) and mix["p_t"] == pytest.approx(1 - 4 / 18 ** 0.5)
+    assert mix["ci"] == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3), abs=1e-6)
+    assert (mix["k_lower"], mix["n_pairs"], mix["p_sign"]) == (3, 3, 0.25)
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(out) if line.startswith("== seed groups"))
+    assert out[head + 1].split() == ["setting", "n", "final", "val", "paired", "diff", "95%", "CI", "p", "(t-test)",
+                                     "lower", "p", "(sign)", "corridor>L1"]
+    assert out[head + 2].split() == ["mix", "3", "1.9667", "±", "0.0577", "-0.1333", "±", "0.0577", "[-0.2768,",
+                                     "+0.0101]", "0.0572", "3/3", "0.2500", "50%", "±", "0%"]
+    assert out[head + 3].split() == ["attn", "3", "2.1000", "±", "0.1000", "baseline", "fixed"]
+
+
+def test_baseline_has_the_same_config_apart_from_op_and_controls(tmp_path):
+    long = {"max_iters": 3600, "lr_decay_iters": 3600}
+    runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
+        ("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+        ("attnL_s0", "attention", 0, 1.5, long), ("attnL_s1", "attention", 1, 1.6, long),
+        ("mix_s0", "mix", 0, 1.9, {}), ("mix_s1", "mix", 1, 2.05, {}),
+        ("mixL_s0", "mix", 0, 1.45, long), ("mixL_s1", "mix", 1, 1.4, long),
+        ("fixed_s1", "mix", 1, 2.0, {"gamma_init": -0.5, "learn_gamma": False, "learn_delta": False}),
+        ("wide_s0", "mix", 0, 1.8, {"n_embd": 256})])]  # an experiment key differs: no attention run to pair with
+    c = corridor.compare(runs)
+    short_mix, long_mix = group(c, "mix"), group(c, "mix lr_decay_iters=3600 max_iters=3600")
+    assert short_mix["paired"] == pytest.approx([-0.1, -0.05])
+    assert long_mix["paired"] == pytest.approx([-0.05, -0.2])
+    assert long_mix["vs_attention"] == pytest.approx(1.425 - 1.55)
+    fixed = group(c, "mix gamma_init=-0.5 learn_delta=False learn_gamma=False")
+    assert fixed["paired"] == pytest.approx([-0.1]) and fixed["paired_seeds"] == [1]  # controls differ: still paired
+    wide = group(c, "mix n_embd=256")
+    assert wide["paired"] == [] and wide["vs_attention"] is None and wide["paired_mean"] is None
+    assert corridor.group_cells(wide)[3:8] == ["n/a"] * 5
+    # by val loss within the blocks of one baseline (blocks by the baseline's val loss); no baseline: last
+    assert [g["setting"] for g in c["groups"]] == ["mixL", "attnL", "mix", "fixed", "attn", "wide"]
+    rows = {s["name"]: s["vs_attention"] for s in c["rows"]}
+    assert rows["mixL_s1"] == pytest.approx(1.4 - 1.55) and rows["mix_s1"] == pytest.approx(2.05 - 2.05)
+    assert rows["wide_s0"] is None
+
+
+def test_one_seed_and_zero_spread_print_na(tmp_path):
+    runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
+        ("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.5, {}),
+        ("one_s1", "mix", 1, 2.25, {"gamma_init": -0.5}),
+        ("flat_s0", "mix", 0, 1.75, {}), ("flat_s1", "mix", 1, 2.25, {})])]  # both seeds exactly −0.25
+    c = corridor.compare(runs)
+    assert corridor.group_cells(group(c, "mix gamma_init=-0.5")) == [
+        "one", "1", "2.2500 ± n/a", "-0.2500 ± n/a", "n/a", "n/a", "1/1", "1.0000", "50% ± n/a"]
+    assert corridor.group_cells(group(c, "mix"))[3:8] == ["-0.2500 ± 0.0000", "n/a", "n/a", "2/2", "0.5000"]
+
+
+def test_unfinished_run_is_not_paired(tmp_path, capsys, no_figures):
+    dirs = [make_run(tmp_path, "attn_s0", op="attention", val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
+            make_run(tmp_path, "attn_s1", op="attention", seed=1, val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
+            make_run(tmp_path, "mix_s0", val=(3.0, 1.9, 1.8), max_iters=200, **TWO_LAYERS),
+            make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]  # still running
+    mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
+    assert mix["n"] == 2 and mix["paired"] == pytest.approx([-0.2]) and mix["paired_seeds"] == [0]
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    out = capsys.readouterr().out
+    assert "final 1.9000 (iter 100); unfinished, max_iters is 200" in out
+    assert "final 1.8000 (iter 200)\n" in out
+
+
+def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    a = make_run(tmp_path / "old", "mix_s0")
+    b = make_run(tmp_path / "new", "mix_s0", device="cuda")  # device is not part of the experiment
+    line = error_line(capsys, [a, b])
+    assert line == f"error: {a} and {b}: same config and seed 0 (one run twice, or a rerun); pass only one of them"
+    attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
+    attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)  # two baselines for seed 0
+    assert f"error: {attn} and {attn2}: same config and seed 0" in error_line(capsys, [attn, attn2])
+
+
+def test_csv_one_row_per_run(tmp_path, capsys, no_figures):
+    start = {"event": "start", "iter": 0, "commit": "0123abc"}
+    dirs = [make_run(tmp_path, "mix_fixed_gamma_s10", seed=10, val=(3.0, 1.4137812345678913), head=[start],
+                     tail=json.dumps({"event": "start", "iter": 100, "commit": "fffffff"}) + "\n"),  # resumed later
+            make_run(tmp_path, "mix_fixed_gamma_s2", seed=2, val=(3.0, 2.5, 1.25), head=[start]),
+            make_run(tmp_path, "attention_s0", op="attention", val=(3.0, 2.0), **ZEROS),  # older log: no start record
+            make_run(tmp_path, "demo", seed=1337, val=(3.0,), head=[dict(start, commit=None)]),  # not a git checkout
+            make_run(tmp_path, "mix_s1x", seed=1, val=(3.0, 2.0 / 3),  # not a _s<seed> suffix: kept
+                     tail=json.dumps({"event": "train", "iter": 150, "loss": 0.5}) + "\n")]  # trained past its last eval
+    path = tmp_path / "runs.csv"
+    assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
+    assert path.read_text() == ("setting,seed,iters,val_loss,commit\n"
+                                "attention,0,100,2.0,unknown\n"
+                                "demo,1337,0,3.0,unknown\n"
+                                "mix_fixed_gamma,2,200,1.25,0123abc\n"
+                                "mix_fixed_gamma,10,100,1.4137812345678913,0123abc\n"
+                                "mix_s1x,1,100,0.6666666666666666,unknown\n")
+    assert f"wrote {path}\n" in capsys.readouterr().out
+
+
+def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
+    (tmp_path / "long").mkdir()
+    long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
+    runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
+        ("attention_s0", "attention", 0, 2.0, {}), ("mix_fixed_gamma_s0", "mix", 0, 1.9, {"gamma_init": -0.5}),
+        ("mix_fixed_gamma_s1", "mix", 1, 1.9, {"gamma_init": -0.5}), ("mix_s0", "mix", 0, 1.8, {}),
+        ("mix_s1", "mix", 1, 1.8, {}), ("mixA_s0", "mix", 0, 1.7, {"n_embd": 64}), ("mixB_s1", "mix", 1, 1.7,
+        {"n_embd": 64})]) + runs_of(tmp_path / "long", [("mix_fixed_gamma_s0", "mix", 0, 1.5, long)])]
+    settings = {g["label"]: g["setting"] for g in corridor.compare(runs)["groups"]}
+    assert settings == {"attention": "attention", "mix": "mix",
+                        "mix n_embd=64": "mix n_embd=64",  # its runs have two names (mixA, mixB): its label
+                        # two groups named mix_fixed_gamma: each its label
+                        "mix gamma_init=-0.5": "mix gamma_init=-0.5",
+                        "mix gamma_init=-0.5 lr_decay_iters=3600 max_iters=3600":
+                            "mix gamma_init=-0.5 lr_decay_iters=3600 max_iters=3600"}
+    settings = {g["label"]: g["setting"] for g in corridor.compare(runs[:5])["groups"]}
+    assert settings == {"attention": "attention", "mix": "mix", "mix gamma_init=-0.5": "mix_fixed_gamma"}
+
+
+# --- the corridor curve
+
+def curve_runs(tmp_path, attention=True):
+    fixed = {"learn_gamma": False, "learn_delta": False}
+    specs = [("fixed_s0", 0, 1.9, {"gamma_init": -0.5, **fixed}), ("fixed_s1", 1, 2.05, {"gamma_init": -0.5, **fixed}),
+             ("plus_s0", 0, 2.2, {"gamma_init": 0.3, **fixed}),
+             ("halfdelta_s0", 0, 1.0, {"gamma_init": -0.9, "delta_init": 0.5, **fixed}),  # δ ≠ 1: not on the curve
+             ("start_s0", 0, 1.8, {"gamma_init": -0.9}),  # learned from γ = −0.9: not a "learned mix" marker
+             ("alpha_s0", 0, 1.8, {"op": "mix_alpha"})]  # another op: not a marker either
+    dirs = [make_run(tmp_path, name, seed=seed, val=(3.0, v), **{"op": "mix", **TWO_LAYERS, **extra})
+            for name, seed, v, extra in specs]
+    dirs += [make_run(tmp_path, "mix_s0", val=(3.0, 1.8), gamma=[[-0.5] * 4, [0.0] * 4], delta=[[1.0] * 4] * 2),
+             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.8), gamma=[[-0.3] * 4, [-0.2] * 4], delta=[[1.0] * 4] * 2)]
+    if attention:
+        dirs += runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {})])
+    return dirs
+
+
+def test_corridor_curve_data(tmp_path):
+    runs = [corridor.load_run(d) for d in curve_runs(tmp_path)]
+    curve = corridor.curve_data(corridor.compare(runs)["groups"])
+    nan, half = float("nan"), 12.706205 * 0.025  # γ = −0.5: d = −0.1, −0.05; s = 0.0354, s/√2 = 0.025, t_{.975,1}
+    (c,) = curve["curves"]
+    assert c["label"] == "fixed γ, δ = 1" and c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
+    assert c["mean"] == pytest.approx([-0.075, 0.0, 0.2])
+    assert c["lo"] == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
+    assert c["hi"] == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
+    (learned,) = curve["learned"]  # the plain learned mix runs: mean final γ per layer over seeds
+    assert (learned["label"], learned["n"]) == ("mix", 2)
+    assert learned["layer_gamma"] == pytest.approx([-0.4, -0.1])
+    assert learned["layer_std"] == pytest.approx([0.1414214, 0.1414214], abs=1e-7)
+
+
+def test_corridor_curve_png(tmp_path, capsys):
+    figs = tmp_path / "figs"
+    assert corridor.main(curve_runs(tmp_path) + [f"--out={figs}"]) == 0
+    path = figs / "corridor_curve.png"
+    assert f"{path}" in capsys.readouterr().out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10000
+    (tmp_path / "noattn").mkdir()  # without attention runs there is no difference to draw: no curve, no figure
+    runs = [corridor.load_run(d) for d in curve_runs(tmp_path / "noattn", attention=False)]
+    assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
+
+
+def test_val_loss_figure_lines(tmp_path):
+    dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10), **ZEROS)
+            for s in range(6)]
+    dirs += [make_run(tmp_path, f"mix_s{s}", seed=s, val=(3.0, 2.0, 1.5), **TWO_LAYERS) for s in range(4)]
+    runs = [corridor.load_run(d) for d in dirs]
+    lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
+    assert step == "tokens" and title == "validation loss" and len(lines) == 10  # up to 10 runs: one line each
+    assert lines[0] == ("attn_s0 (attention seed=0)", {0: 3.0, 204800: 2.0, 409600: 1.0})
+    runs.append(corridor.load_run(make_run(tmp_path, "mix_s4", seed=4, val=(3.0, 1.0), **TWO_LAYERS)))  # unfinished
+    lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
+    assert title == "validation loss, mean over seeds"  # 11 runs: one line per setting, at the evals all seeds have
+    assert lines == [("attn (6 seeds)", {0: 3.0, 204800: pytest.approx(2.25), 409600: pytest.approx(1.25)}),
+                     ("mix (5 seeds)", {0: 3.0, 204800: 1.8})]  # the groups' order: by final val loss
+
+
+# --- every way the CLI can fail prints one line "error: ..." naming what to fix, and exits 1
+
+def edit(path, old, new):
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+EVAL = '"event": "eval"'
+RUN = lambda d: [str(d)]  # noqa: E731  the good run directory alone
+ERRORS = {  # name: (how to break the run directory d, the arguments, what the error line must contain)
+    "--out= empty": (None, lambda d: [str(d), "--out="], "--out= needs a path"),
+    "--csv= empty": (None, lambda d: [str(d), "--csv="], "--csv= needs a path"),
+    "--out without =": (None, lambda d: [str(d), "--out"], "--out= needs a path"),
+    "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: is not a directory"),
+    "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN, "config.json: invalid JSON"),
+    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a JSON object"),
+    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": "-0.5"'), RUN,
+                                  "config.json: 'gamma_init' must be a number, not '-0.5'"),
+    "a bool for a number": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": true'), RUN,
+                            "config.json: 'gamma_init' must be a number, not True"),
+    "a number for a bool": (lambda d: edit(d / "config.json", '"learn_gamma": true', '"learn_gamma": 1'), RUN,
+                            "config.json: 'learn_gamma' must be a bool, not 1"),
+    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN, "log.jsonl:1: expected a JSON object"),
+    "eval without gamma": (lambda d: edit(d / "log.jsonl", '"gamma"', '"gamma_"'), RUN,
+                           "log.jsonl:1: eval record has no 'gamma'"),
+    "ragged gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0]', '"gamma": [[0.0]'), RUN,
+                     "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
+    "empty gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
+                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]', '"gamma": [[]], "delta": [[]]'),
+                    RUN, "log.jsonl:1: gamma and delta must both be non-empty"),
+    "val_loss a bool": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val_loss": true'), RUN,
+                        "log.jsonl:1: eval record's 'val_loss' must be a number, not True"),
+    "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
+    "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
+                          "run_s0: Is a directory"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_cli_errors_are_one_line(tmp_path, capsys, case):
+    breaks, args, message = ERRORS[case]
+    make_run(tmp_path, "run_s0", gamma=[[0.0] * 4] * 2, delta=[[1.0] * 4] * 2)
+    if breaks:
+        breaks(tmp_path / "run_s0")
+    assert message in error_line(capsys, args(tmp_path / "run_s0"))
+
+
+def test_diverged_run_is_not_a_crash(tmp_path, capsys, no_figures):
+    dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+                              ("mix_s0", "mix", 0, float("nan"), {}), ("mix_s1", "mix", 1, 2.0, {})])
+    assert corridor.main(dirs) == 0
+    out = capsys.readouterr().out.splitlines()
+    groups = out.index(next(line for line in out if line.startswith("== seed groups")))
+    assert out[groups + 3].split() == ["mix", "2", "nan", "±", "nan", "n/a", "n/a", "n/a", "1/2", "n/a", "50%", "±", "0%"]
+    runs = out.index(next(line for line in out if line.startswith("== runs by")))
+    assert out[runs + 5].split()[0] == "mix_s0"  # the NaN run last
