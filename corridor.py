@@ -25,10 +25,12 @@ import sys
 
 import numpy as np
 
-FIXED_OPS = ("attention", "laplacian")  # ops whose per-head (γ, δ) are not learned
+from operators import OPS
+
+# ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
+FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
 # the controls train.py accepts, with their defaults; a run's label lists only the ones it changed
-CONTROLS = {"gamma_init": 0.0, "delta_init": 1.0, "learn_gamma": True, "learn_delta": True,
-            "gamma_min": None, "laplacian_heads": None}
+CONTROLS = {k: v for Op in OPS.values() for k, v in Op.controls.items()}
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
