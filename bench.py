@@ -152,9 +152,13 @@ def bench_gpt2_step(cfg):
     return times
 
 
-if __name__ == "__main__":
+def main(argv):
     try:
-        cfg = configure(DEFAULTS, sys.argv[1:], RULES, files=False)[0]
-        {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step}[cfg.what](cfg)
+        cfg = configure(DEFAULTS, argv, RULES, files=False)[0]
+        return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step}[cfg.what](cfg)
     except ValueError as e:
         sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

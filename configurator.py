@@ -46,6 +46,12 @@ def in_range(low, high):
     return rule
 
 
+def nonempty(key, value):
+    if not value.strip():
+        raise ConfigError(f"{key} is empty: give a value")
+    return value
+
+
 def optional(kind, rule=None):
     """None, or a value of type kind (that passes rule): for settings whose default is None."""
     def check(key, value):

@@ -25,12 +25,12 @@ import sys
 
 import numpy as np
 
-from operators import OPS
+from operators import OPS, all_controls
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
 # the controls train.py accepts, with their defaults; a run's label lists only the ones it changed
-CONTROLS = {k: v for Op in OPS.values() for k, v in Op.controls.items()}
+CONTROLS = all_controls()
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)

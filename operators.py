@@ -36,6 +36,11 @@ def register_op(name):
     return add
 
 
+def all_controls():
+    """Every registered op's controls with their defaults: the operator settings train.py accepts."""
+    return {k: v for Op in OPS.values() for k, v in Op.controls.items()}
+
+
 class HeadOperator(nn.Module):
     """What the heads of one layer apply to their values: head h computes (a_h·I + b_h·P)·V.
 

@@ -67,8 +67,12 @@ def sample(cfg):
     return texts
 
 
-if __name__ == "__main__":
+def main(argv):
     try:
-        sample(configure(DEFAULTS, sys.argv[1:], RULES, files=False)[0])
+        return sample(configure(DEFAULTS, argv, RULES, files=False)[0])
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from operators import OPS, causal_softmax, operator_matrix
+from operators import OPS, all_controls, causal_softmax, operator_matrix
 
 TINY = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=32)
 
 
-CONTROLS = {k for Op in OPS.values() for k in Op.controls}
+CONTROLS = all_controls()
 
 
 def tiny(op, **kw):

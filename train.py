@@ -26,10 +26,10 @@ from dataclasses import asdict, fields
 
 import torch
 
-from configurator import ConfigError, at_least, configure, in_range, one_of, optional
+from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
 from model import GPT, PRETRAINED, GPTConfig
-from operators import OPS
+from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from rundir import RunLog, git_commit, load_checkpoint, lock_run_dir, save_checkpoint, save_config, unlock_run_dir
 
@@ -72,13 +72,6 @@ seed = 1337
 TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
-CONTROLS = lambda: {k: v for Op in OPS.values() for k, v in Op.controls.items()}  # every op's, read when needed
-
-
-def out_dir_rule(key, value):
-    if not value.strip():
-        raise ConfigError(f"{key} is empty: give the run's directory, e.g. --{key}=out/run")
-    return value
 
 
 def device_rule(key, value):
@@ -99,7 +92,7 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
              learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
              beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
-             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=at_least(0), out_dir=out_dir_rule,
+             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=at_least(0), out_dir=nonempty,
              device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
              dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
@@ -107,7 +100,7 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
 def parse_config(argv):
     """(cfg, given): the settings, and the keys that a config file or the command line set."""
     model_defaults = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
-    return configure({**TRAIN_DEFAULTS, **model_defaults, **CONTROLS()}, argv, RULES)
+    return configure({**TRAIN_DEFAULTS, **model_defaults, **all_controls()}, argv, RULES)
 
 
 def get_lr(it, cfg):
@@ -153,7 +146,7 @@ def corridor_summary(gamma, delta):
 def build_model(cfg, given, meta, ckpt):
     """The model that init_from asks for. A checkpoint or GPT-2 fixes the architecture: a model setting given
     explicitly that differs from it is refused, never silently ignored; cfg is then set to what runs."""
-    controls = {k: getattr(cfg, k) for k in CONTROLS() if k in OPS[cfg.op].controls or k in given}
+    controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
     if ckpt is not None:
         model = GPT(GPTConfig(**{**ckpt["model_args"], **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE}}))
         model.load_state_dict(ckpt["model"])
@@ -169,7 +162,7 @@ def build_model(cfg, given, meta, ckpt):
             model.crop_block_size(cfg.block_size)
     built = {**{k: getattr(model.config, k) for k in MODEL_KEYS}, **model.config.controls}
     source = "checkpoint" if ckpt is not None else "pretrained model"
-    for k in sorted(given & (set(MODEL_KEYS) | set(CONTROLS())) - set(RESUME_MAY_CHANGE)):
+    for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
         if k not in built:
             raise ConfigError(f"{k} is not a control of the {source}'s op={model.config.op!r}; drop it")
         if getattr(cfg, k) != built[k]:
@@ -198,12 +191,9 @@ def train(cfg, given=frozenset()):
     master, writes = rank == 0, rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
     say = print if master else lambda *args: None  # only the master prints
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if writes:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        lock_run_dir(cfg.out_dir)
-        if cfg.init_from != "resume" and os.path.exists(ckpt_path):
-            raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; continue it with --init_from=resume, "
-                              f"evaluate it with --eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir})")
+    if writes and cfg.init_from != "resume" and os.path.exists(ckpt_path):
+        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; continue it with --init_from=resume, "
+                          f"evaluate it with --eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir})")
     if ddp:
         from torch.distributed import init_process_group
         if device_type == "cuda":
@@ -239,6 +229,12 @@ def train(cfg, given=frozenset()):
         iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
+    if writes:  # everything checked: from here on this process owns out_dir
+        try:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            lock_run_dir(cfg.out_dir)
+        except OSError as e:
+            raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; choose another --out_dir") from None
     start_iter, raw_model = iter_num, model
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     if cfg.compile if cfg.compile is not None else device_type == "cuda":
