@@ -358,7 +358,8 @@ def train(cfg, given=frozenset()):
     if writes:
         log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
         unlock_run_dir(cfg.out_dir)
-    if ddp:
+    if ddp:  # every rank reaches the end before the group goes: gloo aborts a process whose peers are gone
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return raw_model
 
