@@ -438,14 +438,14 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
             previous = json.load(f)
         progress = previous if previous["source"] == source else progress  # other settings: start over
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
+    os.makedirs(staging, exist_ok=True)
+    os.makedirs(data_dir, exist_ok=True)
     shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
     print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} processes; disk "
           f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))}: the shards (~9.0B "
           "tokens × 2 bytes by nanoGPT's count, for the files to do) plus one parquet file at a time, deleted "
           f"once tokenised; {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
-    os.makedirs(data_dir, exist_ok=True)
-    os.makedirs(staging, exist_ok=True)
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
     with Pool(num_proc, initializer=_init_worker, initargs=(enc, val_fraction)) as pool, \
             tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
@@ -491,10 +491,10 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
     todo = [file for file in files if not (os.path.isfile(final(file)) and os.path.getsize(final(file)) == sizes[file])]
+    os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
           f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
-    os.makedirs(data_dir, exist_ok=True)
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
         path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], os.path.join(staging, "download"))
         try:
