@@ -406,7 +406,7 @@ def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_befor
     docs = 0
     with ShardFile(train_shard) as train, ShardFile(val_share) as val:
         for texts in parquet_texts(path, file):
-            # map, not imap: imap would read the whole file ahead into its task queue
+            # one batch at a time through map: imap over every document would queue the whole file ahead
             for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
                 (val if in_val else train).write(tokens)
             docs += len(texts)
