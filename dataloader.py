@@ -3,8 +3,8 @@ The token-shard format and the loader that feeds training batches from it.
 
 A shard is the llm.c / modded-nanogpt format: a header of 256 little-endian int32 [magic 20240520, version 1,
 number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ holding
-NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (tokenizer and vocabulary, written by
-prepare_data.py). train.py reads it with ShardLoader:
+NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (tokenizer and vocabulary, written last by
+prepare_data.py: a folder without it is not a dataset). train.py reads it with ShardLoader:
 
     loader = ShardLoader("data/pydocs", "train", batch_size=16, block_size=128)
     x, y = loader.next_batch()   # (B, T) int64 inputs and their next-token targets
@@ -27,17 +27,56 @@ class DataError(ValueError):
 # -----------------------------------------------------------------------------
 # the shard format: the one definition that prepare_data.py writes and the loader reads
 
+class ShardFile:
+    """A shard written by appending token arrays, so a large one never has to sit in memory:
+
+        with ShardFile("data/x/x_train_000001.bin") as shard:
+            shard.write(tokens)        # as often as needed
+
+    The tokens go to path.tmp behind a blank header; on a clean exit the header gets the final count and the
+    file is renamed to path. If anything fails (a full disk, an exception in the caller) the temporary file is
+    removed, and a killed process leaves at most a .tmp: never a file under the real name that is incomplete."""
+
+    def __init__(self, path):
+        self.path, self.tmp, self.count = path, path + ".tmp", 0
+        self.file = open(self.tmp, "wb")
+        self.file.write(bytes(HEADER_BYTES))  # a blank header for now: the count is known only at the end
+
+    def write(self, tokens):
+        tokens = np.asarray(tokens)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
+            raise DataError(f"{self.path}: token ids must fit in uint16 (0..65535); use a smaller vocabulary")
+        self.file.write(tokens.astype("<u2").tobytes())
+        self.count += len(tokens)
+
+    def close(self):
+        """Finish the shard: the real header, then the real name."""
+        try:
+            header = np.zeros(HEADER_INTS, dtype="<i4")
+            header[:3] = MAGIC, VERSION, self.count
+            self.file.seek(0)
+            self.file.write(header.tobytes())
+            self.file.close()  # flushes: a full disk may only show here
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self):
+        self.file.close()
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, error, *_):
+        self.close() if error is None else self.discard()
+
+
 def write_shard(path, tokens):
-    tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
-        raise DataError(f"{path}: token ids must fit in uint16 (0..65535); use a smaller vocabulary")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = MAGIC, VERSION, len(tokens)
-    tmp = path + ".tmp"  # never leave a half-written shard behind under the real name
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
-    os.replace(tmp, path)
+    with ShardFile(path) as shard:
+        shard.write(tokens)
 
 
 def read_shard(path, vocab_size=None):

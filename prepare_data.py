@@ -1,57 +1,91 @@
 """
 Data for nanoCorridor: turn a text corpus into token shards (read back for training by dataloader.py).
 
-    python prepare_data.py pydocs                             # offline default: CPython's own documentation text
-    python prepare_data.py shakespeare_char                   # tiny shakespeare (needs internet)
-    python prepare_data.py text --input=book.txt              # any UTF-8 file, or a folder of .txt files
-    python prepare_data.py openwebtext --num_proc=8           # GPT-2 tokens from the Hugging Face hub
+    python prepare_data.py pydocs                           # offline default: CPython's own documentation text
+    python prepare_data.py shakespeare_char                 # tiny shakespeare (needs internet)
+    python prepare_data.py text --input=book.txt            # any UTF-8 file, or a folder of .txt files
+    python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
+    python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
 
-Options: --tokenizer=char|byte|gpt2  --out_dir=data  --shard_size=100000000  --val_fraction=0.1  --num_proc=N
-         --input=PATH  --name=NAME (text only)
+Options, for the corpora they apply to: --out_dir=data (all); --tokenizer=char|byte|gpt2 --shard_size=100000000
+--val_fraction=0.1 --name=NAME (pydocs, shakespeare_char, text); --input=PATH (text); --val_fraction=0.0005
+--num_proc=N (openwebtext); --train_shards=N, 1 to 103 (fineweb10B).
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (how to decode),
-in the llm.c / modded-nanogpt shard format (see dataloader.py).
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt shard
+format (see dataloader.py), and meta.json (how to decode), always written last: a folder without meta.json is
+not a dataset, so an interrupted preparation is never mistaken for a finished one. Run the same command again to
+finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/ and the hidden
+out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second one (two
+train.py runs preparing pydocs on the fly, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+
+The two hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
+- openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
+  repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
+  goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction: a fixed split that
+  depends on nothing else (not file order, not the number of processes), ~4,000 documents at the default 0.0005.
+- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
+  fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header and
+  token ids have been checked; a broken download is deleted and named.
 """
+import errno
 import glob
+import hashlib
 import json
 import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
-from dataloader import DataError, find_shards, write_shard
+from configurator import ConfigError, at_least, configure, in_range, one_of, optional
+from dataloader import DataError, ShardFile, find_shards, load_meta, read_shard
+
+try:
+    import fcntl  # POSIX file locks: the OS releases them when the process dies, even by kill -9
+except ImportError:  # Windows: no lock, so do not start two preparations of one dataset at once there
+    fcntl = None
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts its end-of-text token before each instead)
 
+OWT_REPO, OWT_REVISION = "Skylion007/openwebtext", "79d93d786212f7344586290adb811d4ae6a1762c"
+OWT_FILES = [f"plain_text/train-{i:05d}-of-00080.parquet" for i in range(80)]
+OWT_DOCUMENTS = 8_013_769  # in that revision
+OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M val): only to estimate the disk
+OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
+FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
+FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
+
 
 class ShardWriter:
-    """Streams tokens into fixed-size shards of one split, so memory stays flat however big the corpus."""
+    """Streams the tokens of one split into shards of at most shard_size tokens, so memory stays flat however
+    big the corpus: NAME_val_000000.bin, or NAME_train_000001.bin, 000002, ... (llm.c numbering)."""
 
     def __init__(self, out_dir, name, split, shard_size):
-        self.out_dir, self.name, self.split = out_dir, name, split
-        self.index = 0 if split == "val" else 1  # llm.c numbering: val is shard 0, train starts at 1
-        self.buf, self.fill = np.empty(shard_size, dtype=np.uint16), 0
-        self.files, self.tokens = [], 0
+        self.out_dir, self.name, self.split, self.shard_size = out_dir, name, split, shard_size
+        self.index = 0 if split == "val" else 1
+        self.shard, self.files, self.tokens = None, [], 0
 
     def add(self, tokens):
         tokens = np.asarray(tokens)
         while len(tokens):
-            n = min(len(tokens), len(self.buf) - self.fill)
-            self.buf[self.fill:self.fill + n] = tokens[:n]
-            self.fill, self.tokens, tokens = self.fill + n, self.tokens + n, tokens[n:]
-            if self.fill == len(self.buf):
-                self.flush()
+            if self.shard is None:
+                self.shard = ShardFile(os.path.join(self.out_dir, f"{self.name}_{self.split}_{self.index:06d}.bin"))
+            n = min(len(tokens), self.shard_size - self.shard.count)
+            self.shard.write(tokens[:n])
+            self.tokens, tokens = self.tokens + n, tokens[n:]
+            if self.shard.count == self.shard_size:
+                self.close()
 
-    def flush(self):
-        if self.fill:
-            path = os.path.join(self.out_dir, f"{self.name}_{self.split}_{self.index:06d}.bin")
-            write_shard(path, self.buf[:self.fill])
-            self.files.append(path)
-            self.index, self.fill = self.index + 1, 0
+    def close(self):
+        if self.shard is not None:
+            self.shard.close()
+            self.files.append(self.shard.path)
+            self.shard, self.index = None, self.index + 1
 
 
 # -----------------------------------------------------------------------------
@@ -64,7 +98,8 @@ def gpt2_encoding():
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
         raise DataError(f"could not load tiktoken's GPT-2 vocabulary ({type(e).__name__}); it is downloaded "
-                        "once and needs internet; offline, use --tokenizer=char or --tokenizer=byte") from None
+                        "once and needs internet; offline, use a char or byte dataset (--tokenizer=char|byte)"
+                        ) from None
 
 
 def encode_gpt2_document(text, enc):
@@ -160,32 +195,78 @@ def split_documents(docs, val_fraction):
 
 
 # -----------------------------------------------------------------------------
-# preparation
+# publishing: a dataset appears whole or not at all
+
+def dataset_dirs(out_dir, name):
+    """The dataset's folder and the hidden folder where its unfinished parts wait."""
+    return os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
+
+
+def write_json(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
+
+
+def prepared_from(data_dir, source):
+    """Whether data_dir holds a finished dataset made from `source` (the same files and settings)."""
+    try:
+        return load_meta(data_dir).get("source") == source
+    except DataError:  # no meta.json, or a broken one
+        return False
+
+
+@contextmanager
+def preparing(out_dir, name):
+    """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock = open(os.path.join(out_dir, f".{name}.lock"), "w")
+    except FileExistsError:
+        raise DataError(f"--out_dir={out_dir} is a file; give a folder (it is created if missing)") from None
+    except OSError as e:
+        raise DataError(f"--out_dir={out_dir} is not a folder we can write to ({e.strerror}: {e.filename})") from None
+    with lock:
+        if fcntl:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"another process is preparing {name} (it holds {lock.name}): waiting for it to finish")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
+                                "finished ones are kept: free some space and run the same command again") from None
+            raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
+
 
 def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
-    """Write the shards of each split (split -> iterable of token arrays) and meta.json into a staging folder,
-    then move them into out_dir/name: an interrupted run never leaves a half-prepared dataset behind."""
-    data_dir, staging = os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
-    shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted run
+    """Write the shards of each split (split -> iterable of token arrays) into the staging folder, then replace
+    out_dir/name with them. meta.json goes first and comes back last: a process killed in between leaves a
+    folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
+    data_dir, staging = dataset_dirs(out_dir, name)
+    shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted run (the lock keeps others out)
     os.makedirs(staging)
     try:
-        files, meta["tokens"] = [], {}
+        meta["tokens"] = {}
         for split, chunks in split_tokens.items():
             writer = ShardWriter(staging, name, split, shard_size)
             for tokens in chunks:
                 writer.add(tokens)
-            writer.flush()
+            writer.close()
             if writer.tokens == 0:
                 raise DataError(f"{name}: the {split} split is empty; the corpus is too small for --val_fraction")
-            files += writer.files
             meta["tokens"][split] = writer.tokens
-        with open(os.path.join(staging, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
         os.makedirs(data_dir, exist_ok=True)
-        for old in glob.glob(os.path.join(data_dir, f"{name}_*_*.bin")):  # stale shards of an earlier preparation
+        Path(data_dir, "meta.json").unlink(missing_ok=True)
+        for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
             os.remove(old)
-        for file in os.listdir(staging):
+        files = sorted(os.listdir(staging))
+        for file in files:
             os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
+        write_json(os.path.join(data_dir, "meta.json"), meta)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
@@ -193,6 +274,9 @@ def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
     print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
     return data_dir
 
+
+# -----------------------------------------------------------------------------
+# corpora held in memory: pydocs, shakespeare_char, text
 
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
     """Tokenise an in-memory list of documents and write its shards; returns the data dir."""
@@ -225,116 +309,293 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     return write_dataset(out_dir, name, splits, meta, shard_size, start)
 
 
-_worker_enc = None  # the encoding inside each tokenising process, set once by the pool's initializer
+# -----------------------------------------------------------------------------
+# corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B
+
+def hub_error(e, repo, revision, filename=None):
+    """One line for what went wrong talking to the hub."""
+    from huggingface_hub import errors
+    what = f"{filename + ' of ' if filename else ''}{repo} at revision {revision}"
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return DataError(f"the hub has no dataset repository {repo} (or it is private)")
+    if isinstance(e, errors.RevisionNotFoundError):
+        return DataError(f"the hub has no revision {revision} of {repo}")
+    if isinstance(e, errors.RemoteEntryNotFoundError):
+        return DataError(f"the hub has no {what}")
+    if isinstance(e, errors.HfHubHTTPError):
+        return DataError(f"the hub refused {what}: {str(e).splitlines()[0]}")
+    return DataError(f"could not reach the Hugging Face hub for {what} ({type(e).__name__}); this needs internet")
 
 
-def _init_worker(enc):
-    global _worker_enc
-    _worker_enc = enc
+def hub_sizes(repo, revision, files):
+    """{file: bytes} as the hub lists them. One request, before anything else: offline, or a wrong repository or
+    revision, fails at once, and the sizes give the disk needed and the check of every download."""
+    import huggingface_hub
+    try:
+        infos = huggingface_hub.get_paths_info(repo, files, repo_type="dataset", revision=revision)
+    except Exception as e:  # a network failure comes as any of several libraries' exceptions
+        raise hub_error(e, repo, revision) from None
+    sizes = {info.path: info.size for info in infos if getattr(info, "size", None) is not None}
+    missing = [file for file in files if file not in sizes]
+    if len(missing) == len(files):
+        raise DataError(f"{repo} at revision {revision} has none of the files {files[0]}, ...: a script-only "
+                        "repository? `datasets` 4+ no longer runs loading scripts; pin a revision with the files")
+    if missing:
+        raise DataError(f"the hub has no {missing[0]} in {repo} at revision {revision}")
+    return sizes
+
+
+def hub_download(repo, revision, file, size, download_dir):
+    """Fetch one file into download_dir (the hub resumes a partial download after an interruption) and return
+    its path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
+    import huggingface_hub
+    try:
+        path = huggingface_hub.hf_hub_download(repo, file, repo_type="dataset", revision=revision,
+                                               local_dir=download_dir)
+    except Exception as e:
+        if getattr(e, "errno", None) == errno.ENOSPC:
+            shutil.rmtree(download_dir, ignore_errors=True)  # the partial download: give the space back
+            raise
+        raise hub_error(e, repo, revision, file) from None
+    if os.path.getsize(path) != size:
+        got = os.path.getsize(path)
+        os.remove(path)
+        raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; deleted it, run the "
+                        "same command again to fetch it anew")
+    return path
+
+
+def gigabytes(n):
+    return f"{n / 1e9:.1f} GB"
+
+
+_worker_enc, _worker_val_fraction = None, None  # each tokenising process's settings, set once by the initializer
+
+
+def _init_worker(enc, val_fraction):
+    global _worker_enc, _worker_val_fraction
+    _worker_enc, _worker_val_fraction = enc, val_fraction
 
 
 def _encode_for_worker(text):
-    return np.array(encode_gpt2_document(text, _worker_enc), dtype=np.uint16)
+    """One document -> (its GPT-2 tokens, whether it belongs to val), in a pool process."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
+    in_val = int.from_bytes(digest, "big") / 2**64 < _worker_val_fraction
+    return np.array(encode_gpt2_document(text, _worker_enc), dtype=np.uint16), in_val
 
 
-def prepare_openwebtext(out_dir="data", shard_size=100_000_000, val_fraction=0.0005, num_proc=None,
-                        dataset=None, encoding=None, name="openwebtext"):
-    """OpenWebText -> GPT-2 tokens, tokenised in num_proc processes and streamed into shards. dataset (a
-    datasets.Dataset with a "text" column) and encoding (a tiktoken.Encoding) default to the real ones."""
+def parquet_texts(path, file):
+    """The `text` column of a downloaded parquet file, OWT_BATCH documents at a time. A file pyarrow cannot read
+    is deleted, so the next run fetches it again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        parquet = pq.ParquetFile(path)
+        if "text" not in parquet.schema_arrow.names:
+            raise pa.ArrowInvalid("it has no text column")
+        for batch in parquet.iter_batches(batch_size=OWT_BATCH, columns=["text"]):
+            yield batch.column("text").to_pylist()
+    except pa.ArrowException as e:
+        os.remove(path)
+        raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the same "
+                        "command again to fetch it anew") from None
+
+
+def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_before):
+    """One parquet file -> its train shard and its share of val; returns the counts (documents, tokens)."""
+    docs = 0
+    with ShardFile(train_shard) as train, ShardFile(val_share) as val:
+        for texts in parquet_texts(path, file):
+            # one batch at a time through map: imap over every document would queue the whole file ahead
+            for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
+                (val if in_val else train).write(tokens)
+            docs += len(texts)
+            bar.update(len(texts))
+            bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
+    return {"docs": docs, "train": train.count, "val": val.count}
+
+
+def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
+    """OpenWebText -> GPT-2 tokens. Each parquet file of the pinned revision is one unit of work: downloaded,
+    tokenised by num_proc processes into its own train shard and its share of val, recorded as done in
+    progress.json, then deleted. A restart skips the files that are done; the val shares are joined into one
+    val shard at the end, then meta.json is written. encoding (a tiktoken.Encoding) defaults to GPT-2's."""
     from multiprocessing import Pool
     from tqdm import tqdm
-    start = time.time()
+    start, name = time.time(), "openwebtext"
     num_proc = num_proc or max(1, (os.cpu_count() or 2) // 2)
     enc = encoding or gpt2_encoding()  # first: it fails fast, the download does not
-    if dataset is None:
-        import datasets
-        try:
-            dataset = datasets.load_dataset("openwebtext", num_proc=num_proc)["train"]
-        except Exception as e:  # no network, hub changes (e.g. "Dataset scripts are no longer supported"), ...
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            raise DataError(f"could not load openwebtext from the Hugging Face hub ({reason}); it needs internet "
-                            f"(~54 GB); offline, use `python prepare_data.py {DEFAULT_CORPUS}`") from None
-    splits = dataset.train_test_split(test_size=val_fraction, seed=2357, shuffle=True)  # nanoGPT's val split
-    meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token}
-    print(f"{name}: {len(splits['train']):,} train / {len(splits['test']):,} val documents, {num_proc} processes")
-    with Pool(num_proc, initializer=_init_worker, initargs=(enc,)) as pool:
-        def tokens(ds, split):
-            # one batch of documents at a time: Pool.imap would read the whole corpus ahead into its task queue
-            with tqdm(total=len(ds), desc=f"tokenising {split}", unit="doc") as bar:
-                for batch in ds.iter(batch_size=1024 * num_proc):
-                    for toks in pool.map(_encode_for_worker, batch["text"], chunksize=64):
-                        yield toks
-                    bar.update(len(batch["text"]))
-        return write_dataset(out_dir, name, {"val": tokens(splits["test"], "val"),
-                                             "train": tokens(splits["train"], "train")}, meta, shard_size, start)
-
-
-PREPARERS = {"pydocs": "char", "shakespeare_char": "char", "text": "char", "openwebtext": "gpt2"}  # -> tokenizer
-
-
-def prepare(corpus, input=None, name=None, tokenizer=None, out_dir="data", shard_size=100_000_000,
-            val_fraction=None, num_proc=None):
-    """The function behind the command line: prepare `corpus` into out_dir/name and return that data dir."""
-    if corpus not in PREPARERS:
-        raise DataError(f"unknown dataset {corpus!r}; choose one of: {', '.join(PREPARERS)}")
-    if corpus == "text" and input is None:
-        raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
-    if corpus != "text" and input is not None:
-        raise DataError(f"--input is for text: `python prepare_data.py text --input={input}`")
-    if name is None and corpus == "text":  # the file's or folder's name: books/ -> books, moby.txt -> moby
-        name = os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
-    name = name or corpus
-    if name.startswith(".") or os.sep in name or "_train_" in name or "_val_" in name:  # would confuse the globs
-        raise DataError(f"--name={name!r} must be a plain folder name (without '/', '_train_' or '_val_')")
-    tokenizer = tokenizer or PREPARERS[corpus]
-    if tokenizer not in ("char", "byte", "gpt2"):
-        raise DataError(f"unknown --tokenizer={tokenizer}; choose char, byte or gpt2")
-    if shard_size <= 0:
-        raise DataError(f"--shard_size={shard_size} must be a positive number of tokens")
-    if val_fraction is not None and not 0 < val_fraction < 1:
-        raise DataError(f"--val_fraction={val_fraction} must be between 0 and 1")
-    if corpus == "openwebtext":
-        if tokenizer != "gpt2":
-            raise DataError("openwebtext is only prepared with --tokenizer=gpt2")
-        return prepare_openwebtext(out_dir, shard_size, val_fraction or 0.0005, num_proc, name=name)
-    docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
-            "text": lambda: text_documents(input)}[corpus]()
-    return prepare_documents(name, docs, out_dir, tokenizer, shard_size, val_fraction or 0.1)
-
-
-def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`; the offline default corpus is prepared on the fly when missing."""
-    data_dir = os.path.join(out_dir, name)
-    if find_shards(data_dir, "train"):
+    data_dir, staging = dataset_dirs(out_dir, name)
+    source = {"repo": OWT_REPO, "revision": OWT_REVISION, "tokenizer": enc.name, "val_fraction": val_fraction}
+    if prepared_from(data_dir, source):
+        print(f"{data_dir} is already prepared; delete it to prepare it again")
         return data_dir
-    if name == DEFAULT_CORPUS:
-        print(f"{data_dir} has no shards yet: preparing the offline default corpus {name} first")
-        return prepare(name, out_dir=out_dir)
-    where = "" if out_dir == "data" else f" --out_dir={out_dir}"
-    how = f"{name}{where}" if name in PREPARERS else f"text --input=PATH --name={name}{where}"
-    raise DataError(f"no token shards in {data_dir}; prepare them with `python prepare_data.py {how}` "
-                    f"(or put pre-tokenised {name}_train_*.bin / {name}_val_*.bin shards there)")
+    sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
+    progress_path = os.path.join(staging, "progress.json")
+    progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
+    if os.path.exists(progress_path):
+        with open(progress_path) as f:
+            previous = json.load(f)
+        progress = previous if previous["source"] == source else progress  # other settings: start over
+    done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
+    os.makedirs(staging, exist_ok=True)
+    os.makedirs(data_dir, exist_ok=True)
+    shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
+    print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} processes; disk "
+          f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))}: the shards (~9.0B "
+          "tokens × 2 bytes by nanoGPT's count, for the files to do) plus one parquet file at a time, deleted "
+          f"once tokenised; {gigabytes(shutil.disk_usage(out_dir).free)} free")
+    Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
+    val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
+    with Pool(num_proc, initializer=_init_worker, initargs=(enc, val_fraction)) as pool, \
+            tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
+                 desc=f"tokenising {name}") as bar:
+        for i, file in enumerate(OWT_FILES):
+            if file not in done:
+                path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], os.path.join(staging, "download"))
+                train_shard = os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")
+                tokens = sum(d["train"] + d["val"] for d in done.values())
+                done[file] = tokenise_parquet(path, file, pool, train_shard, val_share(i), bar, tokens)
+                write_json(progress_path, progress)  # from here on this file counts as done
+                os.remove(path)
+    meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+            "source": source, "documents": sum(d["docs"] for d in done.values()),
+            "tokens": {split: sum(d[split] for d in done.values()) for split in ("val", "train")}}
+    if meta["tokens"]["val"] == 0:
+        raise DataError(f"{name}: the val split is empty; raise --val_fraction")
+    with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:  # the val shares, in file order
+        for i in range(len(OWT_FILES)):
+            val.write(read_shard(val_share(i)))
+    write_json(os.path.join(data_dir, "meta.json"), meta)
+    shutil.rmtree(staging)
+    print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} "
+          f"val tokens in {data_dir} ({time.time() - start:.0f}s)")
+    return data_dir
+
+
+def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
+    """Download FineWeb's val shard and its first train_shards train shards, already GPT-2 tokens in our shard
+    format. Files already complete are kept; each new one is checked before it gets its final name."""
+    from tqdm import tqdm
+    start, name = time.time(), "fineweb10B"
+    data_dir, staging = dataset_dirs(out_dir, name)
+    files = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, train_shards + 1)]
+    source = {"repo": FINEWEB_REPO, "revision": FINEWEB_REVISION, "train_shards": train_shards}
+    if prepared_from(data_dir, source):
+        print(f"{data_dir} is already prepared; delete it to prepare it again")
+        return data_dir
+    extra = sorted({os.path.basename(p) for p in find_shards(data_dir, "train")} - set(files))
+    if extra:
+        raise DataError(f"{data_dir} holds {len(extra)} train shards beyond --train_shards={train_shards} "
+                        f"({extra[0]} ...), which training would read too; delete them or ask for more shards")
+    sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
+    final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
+    todo = [file for file in files if not (os.path.isfile(final(file)) and os.path.getsize(final(file)) == sizes[file])]
+    os.makedirs(data_dir, exist_ok=True)
+    print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
+          f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
+    Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
+    for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
+        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], os.path.join(staging, "download"))
+        try:
+            read_shard(path, vocab_size=50257)  # the header, the size it implies, every token id
+        except DataError as e:
+            os.remove(path)
+            raise DataError(f"{e} (deleted it: run the same command again to fetch it anew)") from None
+        os.replace(path, final(file))
+    meta = {"name": name, "tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": source,
+            "tokens": {split: sum(len(read_shard(final(file))) for file in files if f"_{split}_" in file)
+                       for split in ("val", "train")}}
+    write_json(os.path.join(data_dir, "meta.json"), meta)
+    shutil.rmtree(staging, ignore_errors=True)
+    print(f"{name}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens in {data_dir} "
+          f"({time.time() - start:.0f}s)")
+    return data_dir
 
 
 # -----------------------------------------------------------------------------
+# the command line and train.py's entry point
 
-OPTIONS = {"input": str, "name": str, "tokenizer": str, "out_dir": str, "shard_size": int, "val_fraction": float,
-           "num_proc": int}
+TEXT_OPTIONS = {"name", "tokenizer", "shard_size", "val_fraction"}
+CORPORA = {"pydocs": TEXT_OPTIONS, "shakespeare_char": TEXT_OPTIONS, "text": TEXT_OPTIONS | {"input"},
+           "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"}}  # -> options besides out_dir
+OPTIONS = dict(out_dir="data", input="", name="", tokenizer="char", shard_size=100_000_000, val_fraction=None,
+               num_proc=None, train_shards=FINEWEB_TRAIN_FILES)
+
+
+def fraction(key, value):
+    if not 0 < value < 1:
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be between 0 and 1")
+    return value
+
+
+RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1),
+         "val_fraction": optional(float, fraction), "num_proc": optional(int, at_least(1)),
+         "train_shards": in_range(1, FINEWEB_TRAIN_FILES + 1)}
+
+
+def prepare(corpus, out_dir="data", **options):
+    """The function behind the command line: prepare `corpus` into out_dir/NAME and return that data dir.
+    options: those of OPTIONS that the corpus takes (CORPORA)."""
+    if corpus not in CORPORA:
+        raise DataError(f"unknown dataset {corpus!r}; choose one of: {', '.join(CORPORA)}")
+    wrong = sorted(set(options) - CORPORA[corpus])
+    if wrong:
+        raise DataError(f"--{wrong[0]} does not apply to {corpus}, which takes "
+                        f"{', '.join('--' + key for key in sorted(CORPORA[corpus] | {'out_dir'}))}")
+    if corpus in ("openwebtext", "fineweb10B"):
+        with preparing(out_dir, corpus):
+            return {"openwebtext": prepare_openwebtext, "fineweb10B": prepare_fineweb}[corpus](out_dir, **options)
+    input = options.pop("input", "")
+    if corpus == "text" and not input:
+        raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
+    # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
+    name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
+                                        else corpus)
+    if name.startswith(".") or os.sep in name or "_train_" in name or "_val_" in name:  # would confuse the globs
+        raise DataError(f"--name={name!r} must be a plain folder name (without '/', '_train_' or '_val_')")
+    docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
+            "text": lambda: text_documents(input)}[corpus]()
+    with preparing(out_dir, name):
+        return prepare_documents(name, docs, out_dir, **options)
+
+
+def ensure_prepared(name, out_dir="data"):
+    """The data dir of dataset `name`, once it is prepared (its meta.json exists). The offline default corpus
+    is prepared on the fly; two processes asking at once take turns on the lock, and the second uses the
+    first one's result."""
+    data_dir, staging = dataset_dirs(out_dir, name)
+    meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.exists(meta_path):
+        return data_dir
+    if name == DEFAULT_CORPUS:
+        with preparing(out_dir, name):
+            if not os.path.exists(meta_path):  # else another process prepared it while we waited
+                print(f"{data_dir} is not prepared yet: preparing the offline default corpus {name} first")
+                prepare_documents(name, pydocs_documents(), out_dir)
+        return data_dir
+    where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+    how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
+    leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
+                if os.path.isdir(staging) else "")
+    raise DataError(f"no token shards ready in {data_dir} (no meta.json){leftover}; prepare them with "
+                    f"`python prepare_data.py {how}`")
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    if argv[0].startswith("-"):
+        raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(CORPORA)}")
+    cfg, given = configure(OPTIONS, argv[1:], RULES, files=False)
+    prepare(argv[0], **{key: getattr(cfg, key) for key in given})
+
 
 if __name__ == "__main__":
     try:
-        if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-            raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(PREPARERS)}")
-        options = {}
-        for arg in sys.argv[2:]:
-            key, eq, value = arg.removeprefix("--").partition("=")
-            if not arg.startswith("--") or not eq or key not in OPTIONS:
-                raise DataError(f"bad option {arg!r}; use --key=value with key one of {', '.join(OPTIONS)}")
-            try:
-                options[key] = OPTIONS[key](value)
-            except ValueError:
-                kind = "a whole number like 100000000" if OPTIONS[key] is int else "a number like 0.1"
-                raise DataError(f"--{key}={value} should be {kind}") from None
-        prepare(sys.argv[1], **options)
-    except DataError as e:
+        main(sys.argv[1:])
+    except ValueError as e:  # DataError and ConfigError: one line that says what to do, no traceback
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: run the same command again to finish (finished files are kept)")

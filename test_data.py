@@ -1,16 +1,25 @@
 """
-Tests for prepare_data.py: tokenizers, the shard format, corpus preparation and the ShardLoader.
-No network needed (GPT-2 BPE is replaced by a tiny byte-level tiktoken encoding).
+Tests for prepare_data.py and dataloader.py: tokenizers, the shard format, corpus preparation (the hub corpora
+included) and the ShardLoader. No network needed: GPT-2 BPE is replaced by a tiny byte-level tiktoken encoding,
+and the Hugging Face hub by FakeHub, which serves small files the tests write.
 
-    python -m pytest -q test_data.py
+    python -m pytest -q test_data.py            # -m "not slow" skips the two tiny training runs
 """
+import errno
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
+from types import SimpleNamespace
 
+import huggingface_hub
+from huggingface_hub import errors as hub_errors
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tiktoken
 import torch
@@ -41,6 +50,14 @@ def all_tokens(data_dir, split):
 def one_line_error(excinfo):
     assert "\n" not in str(excinfo.value)
     return str(excinfo.value)
+
+
+REPO_DIR = os.path.dirname(os.path.abspath(pd.__file__))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, os.path.join(REPO_DIR, "prepare_data.py"), *args],
+                          capture_output=True, text=True, cwd=REPO_DIR)
 
 
 # -----------------------------------------------------------------------------
@@ -82,6 +99,36 @@ def test_corrupt_shards(tmp_path, case, message):
     assert case == "missing" or "x_train_000001.bin" in one_line_error(excinfo)
 
 
+def test_vocab_check_is_exact(tmp_path):
+    """A token id equal to vocab_size is already out of range; vocab_size - 1 is the last one allowed."""
+    path = str(tmp_path / "x_train_000001.bin")
+    dl.write_shard(path, [0, 49, 3])
+    assert dl.read_shard(path, vocab_size=50).tolist() == [0, 49, 3]
+    dl.write_shard(path, [0, 50, 3])
+    with pytest.raises(DataError, match="token id 50 is >= the model's vocab_size 50"):
+        dl.read_shard(path, vocab_size=50)
+
+
+class FullDisk:
+    """A file whose writes fail as on a full disk."""
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self):
+        pass
+
+
+def test_shard_file_leaves_nothing_when_a_write_fails(tmp_path):
+    path = str(tmp_path / "x_train_000001.bin")
+    with pytest.raises(OSError, match="No space left"):
+        with dl.ShardFile(path) as shard:
+            shard.write([1, 2, 3])
+            shard.file.close()
+            shard.file = FullDisk()
+            shard.write([4, 5])
+    assert os.listdir(tmp_path) == []
+
+
 # -----------------------------------------------------------------------------
 # corpora and tokenizers
 
@@ -101,9 +148,9 @@ def test_round_trip(tmp_path, tiny_enc, tokenizer):
         # through the loader: one batch of a single block spans the whole shard
         loader = ShardLoader(data_dir, split, batch_size=1, block_size=len(tokens) - 1, vocab_size=meta["vocab_size"])
         x, y = loader.next_batch()
-        assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (1, len(tokens) - 1)
-        assert (x[0, 1:] == y[0, :-1]).all()
-        assert decode(x[0].tolist() + y[0, -1:].tolist()) == text
+        assert x.dtype == y.dtype == torch.int64
+        assert x[0].tolist() == tokens[:-1] and y[0].tolist() == tokens[1:]  # targets: the next tokens
+        assert decode(tokens) == text
 
 
 def test_char_vocabulary_error():
@@ -154,8 +201,67 @@ def test_pydocs_and_ensure_prepared(tmp_path, capsys):
     assert pd.ensure_prepared("pydocs", out_dir=out) == data_dir and capsys.readouterr().out == ""
     with pytest.raises(DataError, match=r"`python prepare_data.py text --input=PATH --name=mybooks --out_dir="):
         pd.ensure_prepared("mybooks", out_dir=out)
-    with pytest.raises(DataError, match=r"`python prepare_data.py shakespeare_char`"):
-        pd.ensure_prepared("shakespeare_char")
+    with pytest.raises(DataError, match=r"no token shards ready .* `python prepare_data.py fineweb10B --out_dir="):
+        pd.ensure_prepared("fineweb10B", out_dir=out)
+
+
+class Killed(BaseException):
+    """The process dies here (like KeyboardInterrupt, nothing catches it)."""
+
+
+def test_an_interrupted_publish_never_looks_prepared(tmp_path, monkeypatch):
+    """Kill write_dataset at each of its file moves in turn: the dataset is either the old one, whole, or a
+    folder without meta.json (which ensure_prepared and load_meta refuse), never a mix that looks whole."""
+    out, data_dir = str(tmp_path), str(tmp_path / "t")
+    old_tokens = dl.load_meta(pd.prepare("text", input=__file__, name="t", out_dir=out, shard_size=5000))["tokens"]
+    real_replace, moves = os.replace, []
+    monkeypatch.setattr(os, "replace", lambda a, b: (moves.append(b), real_replace(a, b)))
+    pd.prepare("text", input=__file__, name="t", out_dir=out, shard_size=7000)
+    assert len(moves) > 4  # shards renamed in staging, moved, then meta.json
+    for k in range(len(moves)):
+        def killed(a, b, count=iter(range(len(moves)))):
+            if next(count) == k:
+                raise Killed
+            real_replace(a, b)
+        monkeypatch.setattr(os, "replace", killed)
+        with pytest.raises(Killed):
+            pd.prepare("text", input=__file__, name="t", out_dir=out, shard_size=5000 + 2000 * (k % 2))
+        if os.path.exists(os.path.join(data_dir, "meta.json")):  # then it is a whole dataset
+            for split in ("train", "val"):
+                assert len(all_tokens(data_dir, split)) == dl.load_meta(data_dir)["tokens"][split]
+        else:
+            with pytest.raises(DataError, match="no token shards ready"):
+                pd.ensure_prepared("t", out_dir=out)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert dl.load_meta(pd.prepare("text", input=__file__, name="t", out_dir=out))["tokens"] == old_tokens
+
+
+def test_two_processes_preparing_pydocs_take_turns(tmp_path, capsys):
+    """While one process holds the dataset's lock, a second ensure_prepared waits, then uses its result."""
+    out, result = str(tmp_path), []
+    with pd.preparing(out, "pydocs"):  # "the first process": it holds the lock
+        second = threading.Thread(target=lambda: result.append(pd.ensure_prepared("pydocs", out_dir=out)))
+        second.start()
+        time.sleep(0.5)
+        assert second.is_alive() and not os.path.exists(tmp_path / "pydocs")  # waiting, not preparing
+        pd.prepare_documents("pydocs", pd.pydocs_documents(), out)
+    second.join(timeout=60)
+    assert result == [os.path.join(out, "pydocs")]
+    output = capsys.readouterr().out
+    assert "waiting for it to finish" in output and "preparing the offline default corpus" not in output
+
+
+def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    real_write = dl.ShardFile.write
+
+    def write(shard, tokens):
+        real_write(shard, tokens)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(dl.ShardFile, "write", write)
+    with pytest.raises(DataError, match="no space left on device in .*run the same command again") as excinfo:
+        pd.prepare("pydocs", out_dir=str(tmp_path))
+    one_line_error(excinfo)
+    assert os.listdir(tmp_path) == [".pydocs.lock"]  # no staging folder, no .tmp, no dataset
 
 
 def test_missing_meta_is_an_error(tmp_path):
@@ -164,28 +270,320 @@ def test_missing_meta_is_an_error(tmp_path):
         dl.load_meta(str(tmp_path))
 
 
-def test_openwebtext_offline_pipeline(tmp_path, tiny_enc):
-    import datasets
-    docs = [f"document {i}: " + "words and more words " * (i % 7 + 1) for i in range(200)]
-    data_dir = pd.prepare_openwebtext(str(tmp_path), shard_size=2000, val_fraction=0.05, num_proc=2,
-                                      dataset=datasets.Dataset.from_dict({"text": docs}), encoding=tiny_enc)
+# -----------------------------------------------------------------------------
+# the hub corpora, offline: FakeHub serves the files
+
+class FakeHub:
+    """Stands in for the Hugging Face hub (get_paths_info and hf_hub_download): lists and serves the files a
+    test wrote (served[name] replaces a file's content in downloads only), records every download, and fails
+    on request: info_error on the listing, error at download number fail_at."""
+
+    def __init__(self, monkeypatch, files):
+        self.files, self.served, self.downloads = files, {}, []
+        self.info_error = self.error = self.fail_at = None
+        monkeypatch.setattr(huggingface_hub, "get_paths_info", self.get_paths_info)
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
+
+    def get_paths_info(self, repo_id, paths, repo_type, revision):
+        assert repo_type == "dataset" and (repo_id, revision) in ((pd.OWT_REPO, pd.OWT_REVISION),
+                                                                  (pd.FINEWEB_REPO, pd.FINEWEB_REVISION))
+        if self.info_error:
+            raise self.info_error
+        return [SimpleNamespace(path=p, size=len(self.files[p])) for p in paths if p in self.files]
+
+    def hf_hub_download(self, repo_id, filename, repo_type, revision, local_dir):
+        path = os.path.join(local_dir, filename)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if len(self.downloads) == self.fail_at:
+            open(os.path.join(local_dir, "partial.incomplete"), "wb").close()  # as the hub leaves one
+            raise self.error
+        self.downloads.append(filename)
+        with open(path, "wb") as f:
+            f.write(self.served.get(filename, self.files[filename]))
+        return path
+
+
+RESPONSE = SimpleNamespace(headers={}, request=None)  # what the hub's HTTP errors carry
+
+
+def parquet_bytes(columns):
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), sink, row_group_size=7)
+    return sink.getvalue().to_pybytes()
+
+
+OWT_DOCS = [[f"file {f}, document {i}: " + "words and more words " * ((7 * i + f) % 5 + 1) for i in range(30)]
+            for f in range(4)]
+
+
+def in_val(doc, val_fraction=0.1):
+    """The documented split: BLAKE2b-64 of the text, read as a number in [0, 1), below val_fraction."""
+    import hashlib
+    return int.from_bytes(hashlib.blake2b(doc.encode(), digest_size=8).digest(), "big") < val_fraction * 2**64
+
+
+@pytest.fixture
+def owt_hub(monkeypatch, tiny_enc):
+    """OpenWebText as 4 small parquet files with the real names, read 8 documents at a time."""
+    monkeypatch.setattr(pd, "OWT_FILES", pd.OWT_FILES[:4])
+    monkeypatch.setattr(pd, "OWT_BATCH", 8)
+    return FakeHub(monkeypatch, {file: parquet_bytes({"text": docs}) for file, docs in zip(pd.OWT_FILES, OWT_DOCS)})
+
+
+def test_openwebtext_end_to_end(tmp_path, owt_hub, tiny_enc):
+    out = str(tmp_path / "data")
+    data_dir = pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
     meta = dl.load_meta(data_dir)
-    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 257
-    assert len(dl.find_shards(data_dir, "train")) > 3 and len(dl.find_shards(data_dir, "val")) == 1
-    assert dl.find_shards(data_dir, "train")[0].endswith("openwebtext_train_000001.bin")
+    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 257 and meta["documents"] == 120
+    assert [os.path.basename(f) for f in dl.find_shards(data_dir, "train")] == \
+        [f"openwebtext_train_00000{i}.bin" for i in (1, 2, 3, 4)]  # one train shard per parquet file
+    assert len(dl.find_shards(data_dir, "val")) == 1
     texts = {}
     for split in ("train", "val"):
         tokens = all_tokens(data_dir, split)
         assert len(tokens) == meta["tokens"][split] and tokens[0] == 256
         texts[split] = tiny_enc.decode(tokens).split("<|endoftext|>")[1:]
-    assert len(texts["val"]) == 10 and sorted(texts["train"] + texts["val"]) == sorted(docs)
+    docs = [doc for file in OWT_DOCS for doc in file]
+    assert texts["val"] == [doc for doc in docs if in_val(doc)] and 5 < len(texts["val"]) < 25
+    assert texts["train"] == [doc for doc in docs if not in_val(doc)]  # in order, nothing lost or doubled
+    assert owt_hub.downloads == pd.OWT_FILES
+    assert sorted(os.listdir(out)) == [".openwebtext.lock", "openwebtext"]  # staging and downloads are gone
+    pd.prepare("openwebtext", out_dir=out, val_fraction=0.1)  # again: nothing to do
+    assert owt_hub.downloads == pd.OWT_FILES
+
+
+class FailingEncoding:
+    """An encoding that fails on one document: a preparation interrupted in the middle of tokenising a file."""
+
+    def __init__(self, enc, doc):
+        self.enc, self.doc, self.name, self.n_vocab, self.eot_token = enc, doc, enc.name, enc.n_vocab, enc.eot_token
+
+    def encode_ordinary(self, text):
+        if text == self.doc:
+            raise RuntimeError("killed while tokenising")
+        return self.enc.encode_ordinary(text)
+
+
+def test_openwebtext_interrupted_twice_redoes_only_what_was_not_finished(tmp_path, owt_hub, tiny_enc):
+    reference = pd.prepare("openwebtext", out_dir=str(tmp_path / "reference"), val_fraction=0.1, num_proc=2)
+    out = str(tmp_path / "data")
+    data_dir, staging = os.path.join(out, "openwebtext"), os.path.join(out, ".openwebtext.staging")
+    # 1. the network goes down at the third file
+    owt_hub.downloads, owt_hub.fail_at, owt_hub.error = [], 2, ConnectionError("network down")
+    with pytest.raises(DataError, match="could not reach the Hugging Face hub for plain_text/train-00002"):
+        pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
+    assert sorted(os.listdir(data_dir)) == ["openwebtext_train_000001.bin", "openwebtext_train_000002.bin"]
+    with pytest.raises(DataError, match=r"\.openwebtext\.staging/ is left from an interrupted preparation"):
+        pd.ensure_prepared("openwebtext", out_dir=out)
+    # 2. started again, it dies in the middle of the fourth file (a batch of it is already written)
+    owt_hub.downloads, owt_hub.fail_at = [], None
+    with pytest.raises(RuntimeError, match="killed while tokenising"):
+        pd.prepare_openwebtext(out, val_fraction=0.1, num_proc=2, encoding=FailingEncoding(tiny_enc, OWT_DOCS[3][20]))
+    assert owt_hub.downloads == pd.OWT_FILES[2:]
+    assert sorted(os.listdir(data_dir)) == [f"openwebtext_train_00000{i}.bin" for i in (1, 2, 3)]  # no 4, no .tmp
+    # 3. started once more, it does only the fourth file, and ends exactly as an uninterrupted run
+    owt_hub.downloads = []
+    data_dir = pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
+    assert owt_hub.downloads == pd.OWT_FILES[3:]
+    assert dl.load_meta(data_dir) == dl.load_meta(reference) and not os.path.exists(staging)
+    for split in ("train", "val"):
+        assert all_tokens(data_dir, split) == all_tokens(reference, split)
+
+
+def test_openwebtext_restarted_with_other_settings_starts_over(tmp_path, owt_hub):
+    reference = pd.prepare("openwebtext", out_dir=str(tmp_path / "reference"), val_fraction=0.2, num_proc=2)
+    out = str(tmp_path / "data")
+    owt_hub.downloads, owt_hub.fail_at, owt_hub.error = [], 2, ConnectionError("network down")
+    with pytest.raises(DataError, match="could not reach the Hugging Face hub"):
+        pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
+    owt_hub.downloads, owt_hub.fail_at = [], None
+    data_dir = pd.prepare("openwebtext", out_dir=out, val_fraction=0.2, num_proc=2)
+    assert owt_hub.downloads == pd.OWT_FILES  # none of the 0.1 split's work is reused
+    assert dl.load_meta(data_dir) == dl.load_meta(reference)
+    assert all_tokens(data_dir, "val") == all_tokens(reference, "val")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("short", "the download has .* bytes but the hub lists"), ("garbage", "cannot be read as parquet"),
+    ("no text column", "cannot be read as parquet .*it has no text column")])
+def test_openwebtext_broken_download_is_deleted_not_used(tmp_path, owt_hub, case, message):
+    out, file = str(tmp_path / "data"), pd.OWT_FILES[1]
+    good = owt_hub.files[file]
+    bad = {"short": good[:len(good) // 2], "garbage": bytes(len(good)),
+           "no text column": parquet_bytes({"body": OWT_DOCS[1]})}[case]
+    owt_hub.served[file] = bad
+    if case != "short":
+        owt_hub.files[file] = bad  # the hub lists it at that size: only reading it shows the damage
+    with pytest.raises(DataError, match=f"{file}: {message}|{file} {message}") as excinfo:
+        pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
+    assert "deleted it, run the same command again" in one_line_error(excinfo)
+    assert not os.path.exists(os.path.join(out, ".openwebtext.staging", "download", file))
+    assert os.listdir(os.path.join(out, "openwebtext")) == ["openwebtext_train_000001.bin"]  # no shard 2, no meta
+    owt_hub.served, owt_hub.files[file], owt_hub.downloads = {}, good, []
+    pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
+    assert owt_hub.downloads == pd.OWT_FILES[1:]
+
+
+def shard_bytes(tokens, count=None, magic=20240520):
+    """A shard in the llm.c format, built here from the spec rather than with dataloader.py."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, 1, len(tokens) if count is None else count
+    return header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes()
+
+
+def fineweb_files():
+    """A val shard and three train shards (the last one shorter, as on the hub) of GPT-2-sized token ids."""
+    rng = np.random.default_rng(0)
+    names = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in (1, 2, 3)]
+    return {name: shard_bytes(np.r_[50256, rng.integers(0, 50257, n - 1)])
+            for name, n in zip(names, (2000, 2000, 2000, 1500))}
+
+
+def test_fineweb_interrupted_restarted_and_complete(tmp_path, monkeypatch):
+    hub = FakeHub(monkeypatch, fineweb_files())
+    out = str(tmp_path / "data")
+    data_dir = os.path.join(out, "fineweb10B")
+    hub.fail_at, hub.error = 2, ConnectionError("network down")
+    with pytest.raises(DataError, match="could not reach the Hugging Face hub for fineweb_train_000002.bin"):
+        pd.prepare("fineweb10B", out_dir=out, train_shards=3)
+    assert sorted(os.listdir(data_dir)) == ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]  # no meta.json
+    hub.downloads, hub.fail_at = [], None
+    assert pd.prepare("fineweb10B", out_dir=out, train_shards=3) == data_dir
+    assert hub.downloads == ["fineweb_train_000002.bin", "fineweb_train_000003.bin"]  # the rest only
+    for name, content in hub.files.items():
+        with open(os.path.join(data_dir, name), "rb") as f:
+            assert f.read() == content
+    meta = dl.load_meta(data_dir)
+    assert meta["tokens"] == {"val": 2000, "train": 5500} and meta["vocab_size"] == 50257
+    assert meta["tokenizer"] == "gpt2" and meta["eot_token"] == 50256
+    assert sorted(os.listdir(out)) == [".fineweb10B.lock", "fineweb10B"]
+    hub.info_error = ConnectionError("offline")  # a finished dataset needs no network
+    assert pd.prepare("fineweb10B", out_dir=out, train_shards=3) == data_dir and hub.downloads[2:] == []
+    with pytest.raises(DataError, match="holds 1 train shards beyond --train_shards=2 .fineweb_train_000003.bin"):
+        pd.prepare("fineweb10B", out_dir=out, train_shards=2)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("short", "the download has 4,024 bytes but the hub lists 5,024"), ("magic", "wrong magic number"),
+    ("count", "header says 2001 tokens but the file holds 2000"),
+    ("token", "token id 50257 is >= the model's vocab_size")])
+def test_fineweb_broken_download_is_deleted_not_used(tmp_path, monkeypatch, case, message):
+    hub = FakeHub(monkeypatch, fineweb_files())
+    out, file = str(tmp_path / "data"), "fineweb_train_000002.bin"
+    good, tokens = hub.files[file], np.frombuffer(hub.files[file][1024:], dtype="<u2")
+    hub.served[file] = {"short": good[:-1000], "magic": shard_bytes(tokens, magic=20240521),
+                        "count": shard_bytes(tokens, count=2001), "token": shard_bytes(np.r_[tokens[:-1], 50257])}[case]
+    if case != "short":
+        hub.files[file] = hub.served[file]
+    with pytest.raises(DataError, match=message) as excinfo:
+        pd.prepare("fineweb10B", out_dir=out, train_shards=3)
+    assert file in one_line_error(excinfo) and "deleted" in str(excinfo.value)
+    assert sorted(os.listdir(os.path.join(out, "fineweb10B"))) == ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
+    assert not os.path.exists(os.path.join(out, ".fineweb10B.staging", "download", file))
+
+
+@pytest.mark.parametrize("where, error, message", [
+    ("listing", ConnectionError("[Errno -2] Name or service not known"),
+     "could not reach the Hugging Face hub for kjj0/fineweb10B-gpt2 at revision 889765ea.* .ConnectionError.; this "
+     "needs internet"),
+    ("listing", hub_errors.OfflineModeIsEnabled("offline mode is enabled"), "could not reach the Hugging Face hub"),
+    ("listing", hub_errors.RepositoryNotFoundError("404", response=RESPONSE), "the hub has no dataset repository kjj0"),
+    ("listing", hub_errors.RevisionNotFoundError("404", response=RESPONSE), "the hub has no revision 889765ea"),
+    ("listing", "missing", "the hub has no fineweb_train_000002.bin in kjj0/fineweb10B-gpt2"),
+    ("listing", "script-only", "has none of the files fineweb_val_000000.bin, ...: a script-only repository"),
+    ("download", hub_errors.LocalEntryNotFoundError("cannot find the requested files"),
+     "could not reach the Hugging Face hub for fineweb_val_000000.bin of kjj0"),
+    ("download", hub_errors.RemoteEntryNotFoundError("404", response=RESPONSE),
+     "the hub has no fineweb_val_000000.bin"),
+    ("download", hub_errors.HfHubHTTPError("500 Server Error\ndetails", response=RESPONSE),
+     "the hub refused .*: 500 Server Error$"),
+    ("download", OSError(errno.ENOSPC, "No space left on device"),
+     "no space left on device in .*finished ones are kept")])
+def test_hub_failures_are_one_line(tmp_path, monkeypatch, where, error, message):
+    hub = FakeHub(monkeypatch, fineweb_files())
+    if error == "missing":
+        del hub.files["fineweb_train_000002.bin"]
+    elif error == "script-only":
+        hub.files = {"openwebtext.py": b"# a loading script"}
+    elif where == "listing":
+        hub.info_error = error
+    else:
+        hub.fail_at, hub.error = 0, error
+    with pytest.raises(DataError, match=message) as excinfo:
+        pd.prepare("fineweb10B", out_dir=str(tmp_path), train_shards=3)
+    one_line_error(excinfo)
+    assert not os.path.exists(tmp_path / "fineweb10B" / "meta.json")
+    partial = tmp_path / ".fineweb10B.staging" / "download" / "partial.incomplete"
+    disk_full = getattr(error, "errno", None) == errno.ENOSPC
+    assert partial.exists() == (where == "download" and not disk_full)  # kept for the hub to resume, unless disk full
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["openwebtext", "fineweb10B"])
+def test_tiny_training_run_on_a_hub_corpus(tmp_path, monkeypatch, request, corpus):
+    """Prepared offline, then trained on by train.py itself, run as a user would (data/ under its cwd)."""
+    if corpus == "openwebtext":
+        request.getfixturevalue("owt_hub")
+        pd.prepare(corpus, out_dir=str(tmp_path / "data"), val_fraction=0.1, num_proc=2)
+    else:
+        FakeHub(monkeypatch, fineweb_files())
+        pd.prepare(corpus, out_dir=str(tmp_path / "data"), train_shards=3)
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO_DIR, "train.py"), f"--dataset={corpus}", "--n_layer=1", "--n_head=2",
+         "--n_embd=32", "--block_size=16", "--batch_size=2", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
+         "--device=cpu", "--compile=False", f"--out_dir={tmp_path}/out"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.path.exists(tmp_path / "out" / "ckpt.pt")
+
+
+# -----------------------------------------------------------------------------
+# the command line: every bad input is one line
+
+@pytest.mark.parametrize("argv, message", [
+    (["nope"], "unknown dataset 'nope'; choose one of: pydocs, shakespeare_char, text, openwebtext, fineweb10B"),
+    (["--out_dir=x"], "usage: python prepare_data.py NAME [--key=value ...]"),
+    (["pydocs", "--shard_sise=5"], "unknown setting 'shard_sise'; did you mean shard_size?"),
+    (["pydocs", "shard_size=5"], "unexpected argument 'shard_size=5'"),
+    (["pydocs", "--shard_size=abc"], "shard_size='abc' is not allowed: it must be an integer"),
+    (["pydocs", "--shard_size=0"], "shard_size=0 is not allowed: it must be ≥ 1"),
+    (["pydocs", "--val_fraction=1"], "val_fraction=1.0 is not allowed: it must be between 0 and 1"),
+    (["pydocs", "--tokenizer=bpe"], "tokenizer='bpe' is not allowed: choose one of char, byte, gpt2"),
+    (["pydocs", "--input=book.txt"], "--input does not apply to pydocs, which takes --name, --out_dir, --shard_size"),
+    (["text"], "text needs --input=PATH"),
+    (["text", "--input=a.txt", "--name=../x"], "--name='../x' must be a plain folder name"),
+    (["openwebtext", "--shard_size=5"], "--shard_size does not apply to openwebtext, which takes --num_proc"),
+    (["openwebtext", "--num_proc=0"], "num_proc=0 is not allowed: it must be ≥ 1"),
+    (["fineweb10B", "--train_shards=104"], "train_shards=104 is not allowed: it must be in [1, 104)"),
+    (["fineweb10B", "--val_fraction=0.1"], "--val_fraction does not apply to fineweb10B, which takes --out_dir, "
+                                           "--train_shards")])
+def test_bad_options_are_one_line(argv, message):
+    with pytest.raises(ValueError) as excinfo:  # DataError or ConfigError: the CLI prints both as `error: ...`
+        pd.main(argv)
+    assert one_line_error(excinfo).startswith(message)
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "read-only"])
+def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
+    (tmp_path / "f").write_text("not a folder")
+    out = str({"a file": tmp_path / "f", "under a file": tmp_path / "f" / "data", "read-only": tmp_path / "ro"}[case])
+    if case == "read-only":  # root writes anywhere, so chmod cannot make one: fail as the file system would
+        def read_only(path, *args, **kwargs):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        monkeypatch.setattr(os, "makedirs", read_only)
+    message = {"a file": "is a file; give a folder", "under a file": "is not a folder we can write to .Not a directory",
+               "read-only": "is not a folder we can write to .Permission denied"}[case]
+    with pytest.raises(DataError, match=f"--out_dir={out} {message}") as excinfo:
+        pd.prepare("pydocs", out_dir=out)
+    one_line_error(excinfo)
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "prepare_data.py", "text", f"--input={tmp_path}/nope"],
-                            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(pd.__file__)))
-    assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.startswith("error: --input=") and result.stderr.count("\n") == 1
+    (tmp_path / "f").write_text("not a folder")
+    for args, start in ([["text", f"--input={tmp_path}/nope"], "error: --input="],
+                        [["fineweb10B", f"--out_dir={tmp_path}/f"], "error: --out_dir="]):
+        result = run_cli(*args)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.startswith(start) and result.stderr.count("\n") == 1
 
 
 # -----------------------------------------------------------------------------
@@ -243,6 +641,22 @@ def test_loader_state_resumes_across_shards_and_epochs(tmp_path):
     resumed = ShardLoader(str(tmp_path), "train", batch_size=2, block_size=20, seed=3)
     resumed.load_state_dict(state)
     for (x, y), (x2, y2) in zip(rest, (resumed.next_batch() for _ in rest)):
-        assert (x == x2).all() and (y == y2).all() and (y[:, :-1] == x[:, 1:]).all()
+        assert (x == x2).all() and (y == y2).all() and (y == x + 1).all()  # the tokens count up: y is next
     resumed.reset()
     assert all((x == resumed.next_batch()[0]).all() for x, _ in first)
+
+
+def test_shuffle_follows_the_seed(tmp_path):
+    write_counting_shards(str(tmp_path), [1000])
+    firsts = lambda seed: [ShardLoader(str(tmp_path), "train", 8, 10, seed=seed).next_batch()[0][:, 0].tolist()]
+    assert firsts(0) == firsts(0) and firsts(0) != firsts(1)
+
+
+def test_epoch_advances_after_the_last_shard_only(tmp_path):
+    write_counting_shards(str(tmp_path), [300, 200, 250])  # 7, 4 and 6 batches of 2 windows of 20 + 1 tokens
+    loader = ShardLoader(str(tmp_path), "train", batch_size=2, block_size=20)
+    states = []
+    for _ in range(18):
+        loader.next_batch()
+        states.append((loader.state_dict()["epoch"], loader.state_dict()["shard"]))
+    assert states == [(0, 0)] * 7 + [(0, 1)] * 4 + [(0, 2)] * 6 + [(1, 0)]
