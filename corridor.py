@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from configurator import ConfigError, configure, nonempty
 from operators import OPS, all_controls
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
@@ -637,22 +638,13 @@ def write_csv(runs, path):
 
 def main(argv):
     usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
-    opts, paths = {"--out": None, "--csv": None}, []
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(usage)
-            return 0
-        key, eq, value = arg.partition("=")
-        if key in opts:
-            if not value:
-                print(f"error: {key}= needs a path, as in {key}=out/figures ({usage})", file=sys.stderr)
-                return 1
-            opts[key] = value
-        elif arg.startswith("-"):
-            print(f"error: unknown option {arg} ({usage})", file=sys.stderr)
-            return 1
-        else:
-            paths.append(arg)
+    paths = [a for a in argv if not a.startswith("-")]
+    try:
+        opts, _ = configure(dict(out="", csv=""), [a for a in argv if a.startswith("-")],
+                            dict(out=nonempty, csv=nonempty), files=False)
+    except ConfigError as e:
+        print(f"error: {e} ({usage})", file=sys.stderr)
+        return 1
     if not paths:
         print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
@@ -662,13 +654,13 @@ def main(argv):
             for w in run["warnings"]:
                 print(f"warning: {w}", file=sys.stderr)
         report(runs)
-        written = [write_csv(runs, opts["--csv"])] if opts["--csv"] else []
+        written = [write_csv(runs, opts.csv)] if opts.csv else []
         try:
             import matplotlib  # noqa: F401  (figures are optional: the tables and the CSV do not need them)
         except ImportError:
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
         else:
-            written += plot(runs, opts["--out"] or runs[0]["path"])
+            written += plot(runs, opts.out or runs[0]["path"])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

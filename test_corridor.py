@@ -177,7 +177,7 @@ def test_no_eval_record(tmp_path, capsys):
 
 def test_bad_arguments(tmp_path, capsys):
     assert "no run directory given" in error_line(capsys, [])
-    assert "unknown option --outdir=x" in error_line(capsys, ["--outdir=x", str(tmp_path)])
+    assert "unknown setting 'outdir'; did you mean out" in error_line(capsys, ["--outdir=x", str(tmp_path)])
 
 
 def test_not_utf8_names_the_file(tmp_path, capsys):
@@ -494,9 +494,9 @@ def edit(path, old, new):
 EVAL = '"event": "eval"'
 RUN = lambda d: [str(d)]  # noqa: E731  the good run directory alone
 ERRORS = {  # name: (how to break the run directory d, the arguments, what the error line must contain)
-    "--out= empty": (None, lambda d: [str(d), "--out="], "--out= needs a path"),
-    "--csv= empty": (None, lambda d: [str(d), "--csv="], "--csv= needs a path"),
-    "--out without =": (None, lambda d: [str(d), "--out"], "--out= needs a path"),
+    "--out= empty": (None, lambda d: [str(d), "--out="], "out is empty"),
+    "--csv= empty": (None, lambda d: [str(d), "--csv="], "csv is empty"),
+    "--out without =": (None, lambda d: [str(d), "--out"], "argument '--out' must look like --key=value"),
     "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: is not a directory"),
     "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN, "config.json: invalid JSON"),
     "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a JSON object"),
