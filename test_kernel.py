@@ -136,6 +136,15 @@ def test_torch_compile():
     run_and_compare(inputs, 2.0 * dout, TOL[torch.float32], fn=lambda *x: (compiled(*x) - 1.0) / 2.0)
 
 
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck: schema, autograd registration, and fake ops whose shapes and strides are the real
+    ops' (torch.compile plans memory with the fakes; aot_eager alone would not notice a wrong stride)."""
+    (q, k, v, a, b), dout = make_inputs(1, 9, 16, seed=2)
+    torch.library.opcheck(kernel._mix_fwd, (q, k, v, a, b))
+    _, pv, lse = kernel._mix_fwd(q, k, v, a, b)
+    torch.library.opcheck(kernel._mix_bwd, (dout, q, k, v, a, b, pv, lse))
+
+
 def _bad_inputs():
     (q, k, v, a, b), _ = make_inputs(1, 8, 16, device="cpu")
     H = q.shape[1]
