@@ -1,15 +1,29 @@
 """Tests for kernel.py: the fused mix-attention kernel against the float64 materialised reference.
 
-On a CPU machine conftest.py sets TRITON_INTERPRET=1, so the Triton kernels run in the interpreter.
+On a CUDA machine the kernels run for real on CUDA tensors in fp32, fp16 and bf16. On a CPU conftest.py sets
+TRITON_INTERPRET=1 and they run in the Triton interpreter, in fp32 and fp16 (bf16 dots are wrong there).
 Run: python -m pytest -q test_kernel.py
 """
+import concurrent.futures
+import contextlib
+import io
+import itertools
+import multiprocessing
+import os
+import re
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kernel
 from kernel import mix_attention
 from operators import operator_matrix
 
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 # one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), and a generic mix
 A_HEADS = [0.0, 1.0, -0.4 * 1.3, 0.3]
 B_HEADS = [1.0, -1.0, 1.3, 0.8]
@@ -20,9 +34,18 @@ def poison(monkeypatch):
     monkeypatch.setattr(kernel, "POISON", True)  # outputs start as NaN: unwritten elements fail the checks
 
 
-def make_inputs(B, T, D, dtype=torch.float32, device="cpu", seed=0):
+def make_inputs(B, T, D, dtype=torch.float32, device=DEVICE, seed=0, layout="model"):
+    """q, k, v as the model passes them: (B, H, T, D) transposed views of one (B, T, 3·H·D) tensor, and dout as
+    the model's backward sends it, a transposed (B, T, H, D) tensor; layout='contiguous' gives plain (B, H, T, D)
+    tensors instead. a, b: (H,) float32, as under autocast."""
+    H = len(A_HEADS)
     g = torch.Generator().manual_seed(seed)
-    q, k, v, dout = (torch.randn(B, len(A_HEADS), T, D, generator=g).to(device, dtype) for _ in range(4))
+    if layout == "model":
+        x = torch.randn(B, T, 3 * H * D, generator=g).to(device, dtype)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in x.split(H * D, dim=2))
+        dout = torch.randn(B, T, H, D, generator=g).to(device, dtype).transpose(1, 2)
+    else:
+        q, k, v, dout = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(4))
     a, b = torch.tensor(A_HEADS, device=device), torch.tensor(B_HEADS, device=device)
     return (q, k, v, a, b), dout
 
@@ -35,61 +58,95 @@ def rel_err(x, ref):
     """max |x - ref| relative to max |ref|; an all-zero reference (dq, dk at T=1: a softmax over one score has
     no gradient) is compared with absolute tolerance via the floor on the denominator."""
     assert torch.isfinite(x).all(), "non-finite values (unwritten output?)"
-    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-3)).item()
+    return ((x.detach().cpu().double() - ref).abs().max() / ref.abs().max().clamp_min(1e-3)).item()
 
 
-def run_and_compare(inputs, dout, tol, fn=mix_attention, backward=True):
-    leaves = [x.clone().requires_grad_() for x in inputs]
+def run_and_compare(inputs, dout, tol, fn=mix_attention):
+    leaves = [x.detach().requires_grad_() for x in inputs]  # detach keeps the strides of the model's views
     out = fn(*leaves)
     ref_leaves = [x.detach().cpu().double().requires_grad_() for x in inputs]
     ref = reference(*ref_leaves)
     assert out.shape == ref.shape and out.dtype == inputs[0].dtype
     assert rel_err(out, ref) <= tol, f"out: {rel_err(out, ref):.2e}"
-    if backward:
-        grads = torch.autograd.grad(out, leaves, dout)
-        ref_grads = torch.autograd.grad(ref, ref_leaves, dout.cpu().double())
-        for name, g, r in zip("qkvab", grads, ref_grads):
-            assert g.shape == r.shape
-            assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r):.2e}"
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.cpu().double())
+    for name, g, r in zip("qkvab", grads, ref_grads):
+        assert g.shape == r.shape and g.dtype == leaves["qkvab".index(name)].dtype
+        assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r):.2e}"
 
 
-@pytest.mark.parametrize("T,D", [(T, 32) for T in (1, 17, 64, 100, 128)] + [(100, 16), (100, 64), (17, 128)])
-def test_matches_reference_fp32(T, D):
-    inputs, dout = make_inputs(2, T, D, seed=T * 1000 + D)
-    run_and_compare(inputs, dout, tol=1e-3)
+SHAPES = [(1, 32), (17, 32), (64, 32), (100, 32), (128, 32), (100, 16), (100, 64), (17, 128)]
+CASES = [(torch.float32, T, D) for T, D in SHAPES] + [(torch.float16, T, D) for T, D in [(1, 32), (100, 32), (77, 64)]]
+if CUDA:  # the real kernels: bf16 too, and longer sequences that go through many tiles
+    CASES += [(dt, T, D) for dt in (torch.float32, torch.float16, torch.bfloat16) for T, D in [(1000, 64), (257, 128)]]
+    CASES += [(torch.bfloat16, T, D) for T, D in SHAPES]
 
 
-def test_fp16():
-    inputs, dout = make_inputs(1, 100, 32, dtype=torch.float16, seed=7)
-    run_and_compare(inputs, dout, tol=1e-2)
+@pytest.mark.parametrize("dtype,T,D", CASES, ids=lambda x: str(x).replace("torch.", ""))
+def test_matches_float64_reference(dtype, T, D):
+    inputs, dout = make_inputs(2, T, D, dtype, seed=T * 1000 + D)
+    run_and_compare(inputs, dout, TOL[dtype])
+
+
+def test_any_strides():
+    """q, k, v with different strides and a contiguous dout: the op copies what the kernels cannot take."""
+    (q, _, v, a, b), dout = make_inputs(2, 37, 32, layout="contiguous", seed=5)
+    (_, k, _, _, _), _ = make_inputs(2, 37, 32, seed=6)
+    run_and_compare((q, k, v.transpose(0, 1).contiguous().transpose(0, 1), a, b), dout, TOL[torch.float32])
+
+
+def _launch_configs():
+    """The launch configs each head size can get: on a GPU this GPU's list, in the interpreter every GPU's."""
+    for D in (64, 128):
+        arches = [torch.cuda.get_device_capability()[0] >= 9] if CUDA else [True, False]
+        fwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["fwd", hopper, D <= 64])
+        bwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["bwd", hopper, D <= 64])
+        n = max(len(fwd), len(bwd))
+        yield from ((D, f, b) for f, b in itertools.islice(zip(itertools.cycle(fwd), itertools.cycle(bwd)), n))
+
+
+@pytest.mark.parametrize("D,fwd,bwd", list(_launch_configs()))
+def test_every_launch_config(monkeypatch, D, fwd, bwd):
+    """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary. On a GPU
+    in bf16, which they are made for (in fp32 the largest need more shared memory than a GPU has)."""
+    monkeypatch.setattr(kernel, "FORCE_CONFIG", {"fwd": fwd, "bwd": bwd})
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    inputs, dout = make_inputs(1, 161, D, dtype, seed=D)
+    run_and_compare(inputs, dout, TOL[dtype])
 
 
 def test_pure_attention_and_laplacian_heads():
     # sanity of the two endpoints: b=1,a=0 is plain causal attention; the first position of a Laplacian head is 0
     (q, k, v, a, b), _ = make_inputs(1, 33, 16, seed=3)
     out = mix_attention(q, k, v, a, b)
-    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out[:, 0], sdpa[:, 0], atol=1e-5, rtol=1e-5)
     assert out[:, 1, 0].abs().max().item() < 1e-5
 
 
 def test_torch_compile():
+    """torch.compile traces around the custom ops (aot_eager: no Inductor codegen, so it also runs on a CPU);
+    the compiled function is checked against the float64 reference, not against the kernel itself."""
     inputs, dout = make_inputs(1, 40, 32, seed=11)
 
     def f(q, k, v, a, b):
         return 2.0 * mix_attention(q, k, v, a, b) + 1.0
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    leaves = [x.clone().requires_grad_() for x in inputs]
-    eager_leaves = [x.clone().requires_grad_() for x in inputs]
-    out, eager_out = compiled(*leaves), f(*eager_leaves)
-    torch.testing.assert_close(out, eager_out)
-    for g, ge in zip(torch.autograd.grad(out, leaves, dout), torch.autograd.grad(eager_out, eager_leaves, dout)):
-        torch.testing.assert_close(g, ge)
+    run_and_compare(inputs, 2.0 * dout, TOL[torch.float32], fn=lambda *x: (compiled(*x) - 1.0) / 2.0)
+
+
+def test_custom_ops_pass_opcheck():
+    """torch.library.opcheck: schema, autograd registration, and fake ops whose shapes and strides are the real
+    ops' (torch.compile plans memory with the fakes; aot_eager alone would not notice a wrong stride)."""
+    (q, k, v, a, b), dout = make_inputs(1, 9, 16, seed=2)
+    torch.library.opcheck(kernel._mix_fwd, (q, k, v, a, b))
+    _, pv, lse = kernel._mix_fwd(q, k, v, a, b)
+    torch.library.opcheck(kernel._mix_bwd, (dout, q, k, v, a, b, pv, lse))
 
 
 def _bad_inputs():
-    (q, k, v, a, b), _ = make_inputs(1, 8, 16)
+    (q, k, v, a, b), _ = make_inputs(1, 8, 16, device="cpu")
     H = q.shape[1]
     return [
         ("4-D", (q[0], k[0], v[0], a, b)),
@@ -112,9 +169,123 @@ def test_bad_inputs_raise_value_error(i):
     with pytest.raises(ValueError, match=match):
         mix_attention(*args)
 
+# -----------------------------------------------------------------------------
+# usable(): the check behind impl='auto'
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("T,D", [(1, 64), (100, 64), (1000, 64), (257, 128), (300, 16)])
-def test_gpu_bf16(T, D):
-    inputs, dout = make_inputs(2, T, D, dtype=torch.bfloat16, device="cuda", seed=T + D)
-    run_and_compare(inputs, dout, tol=2e-2)
+
+class _BrokenLaunch:  # stands in for a kernel that fails to compile or launch on some GPU
+    def __getitem__(self, grid):
+        raise RuntimeError("simulated launch failure")
+
+
+def _usable_warnings(records):
+    return [w for w in records if "kernel.usable" in str(w.message)]
+
+
+def test_usable_says_yes_when_the_kernel_runs(monkeypatch):
+    monkeypatch.setattr(kernel, "_usable", {})
+    with warnings.catch_warnings(record=True) as rec, torch.inference_mode():  # as when sampling from a model
+        warnings.simplefilter("always")
+        assert kernel.usable(torch.device(DEVICE), torch.float32, 16) is True
+        assert kernel.usable(torch.device(DEVICE), torch.float32, 48) is False  # not built for this head size
+    assert not _usable_warnings(rec)
+
+
+def test_usable_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setattr(kernel, "_usable", {})
+    monkeypatch.setattr(kernel, "_fwd_kernel", _BrokenLaunch())
+    with pytest.warns(UserWarning, match=r"RuntimeError: simulated launch failure\); using SDPA instead") as rec:
+        assert kernel.usable(torch.device(DEVICE), torch.float32, 32) is False
+    assert len(rec) == 1 and "\n" not in str(rec[0].message)
+    with warnings.catch_warnings(record=True) as rec:  # the same key again: no second warning, same answer
+        warnings.simplefilter("always")
+        assert kernel.usable(torch.device(DEVICE), torch.float32, 32) is False
+    assert not _usable_warnings(rec)
+    (q, k, v, a, b), _ = make_inputs(1, 8, 32)
+    with pytest.raises(RuntimeError, match="simulated"):  # impl='triton' still fails loudly
+        mix_attention(q, k, v, a, b)
+
+
+def test_usable_under_torch_compile(monkeypatch):
+    """torch.compile calls usable() once while tracing and keeps the answer as a constant (no graph break)."""
+    monkeypatch.setattr(kernel, "_usable", {})
+
+    def f(x):
+        return x * 2 if kernel.usable(x.device, x.dtype, x.shape[-1]) else x - 1
+
+    x = torch.randn(3, 16, device=DEVICE)
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x), x * 2)
+    monkeypatch.setattr(kernel, "_fwd_kernel", _BrokenLaunch())
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="using SDPA instead"):  # a new key (fp16) meets the broken launch
+        assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x.half()), x.half() - 1)
+
+# -----------------------------------------------------------------------------
+# Compiling for real GPUs (no GPU needed): every kernel in every launch config, for Hopper and Ampere.
+
+SHARED_LIMIT = {90: 232448, 80: 166912}  # bytes of shared memory a block may use: 227 KB, 163 KB
+FP32_ARGS = {"LSE", "Delta", "DQ", "Sums"}  # pointer arguments that are fp32 whatever the input dtype
+
+
+def _ptxas():
+    import triton
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    paths = [os.path.join(bin_dir, name) for name in ("ptxas", "ptxas-blackwell")]
+    return next((p for p in paths if os.path.isfile(p)), None)
+
+
+def _compile(name, constexprs, options, dtype, cc):
+    """Compile one kernel for sm_<cc> exactly as a launch would (pointers and strides 16-byte aligned; triton
+    runs its own ptxas with its own flags) and return (shared memory bytes, registers, spill bytes), read from
+    the ptxas log that triton prints. Runs in a worker process with TRITON_DUMP_PTXAS_LOG=1 and an empty cache."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    fn = getattr(kernel, name)
+    sig = {}
+    for arg in fn.arg_names:
+        if arg in constexprs:
+            sig[arg] = "constexpr"
+        elif arg in ("T", "H") or arg.startswith("stride"):
+            sig[arg] = "i32"
+        elif arg.endswith("scale"):
+            sig[arg] = "fp32"
+        else:
+            sig[arg] = "*fp32" if arg in FP32_ARGS else "*" + dtype
+    aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
+               if sig[arg].startswith("*") or arg.startswith("stride")}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=aligned)
+    with contextlib.redirect_stdout(io.StringIO()) as log:
+        compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options)
+    regs = int(re.search(r"Used (\d+) registers", log.getvalue()).group(1))
+    spills = sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", log.getvalue())))
+    return compiled.metadata.shared, regs, spills
+
+
+def compile_jobs():
+    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config, sm_90 and sm_80, bf16 and fp16."""
+    for (cc, hopper), dtype, D in itertools.product(((90, True), (80, False)), ("bf16", "fp16"), (64, 128)):
+        for kind, name in (("fwd", "_fwd_kernel"), ("bwd", "_bwd_kernel")):
+            for bm, bn, warps, stages in kernel.CONFIGS[kind, hopper, D <= 64]:
+                consts = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PREC="tf32")
+                yield name, consts, dict(num_warps=warps, num_stages=stages), dtype, cc
+        yield "_bwd_pre_kernel", dict(D=D, BLOCK=kernel.PRE_BLOCK), {}, dtype, cc
+
+
+@pytest.mark.slow
+def test_compiles_for_hopper_and_ampere_without_spills(monkeypatch, tmp_path):
+    if _ptxas() is None:
+        pytest.skip("this triton wheel ships no ptxas (triton/backends/nvidia/bin)")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # workers import kernel.py with real @triton.jit kernels
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is what launches use
+    monkeypatch.setenv("TRITON_DUMP_PTXAS_LOG", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # a cached kernel would skip ptxas and its log
+    jobs = list(compile_jobs())
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_compile, *zip(*jobs)))
+    failures = []
+    for (name, consts, options, dtype, cc), (shared, regs, spills) in zip(jobs, results):
+        print(f"sm_{cc} {dtype} {name} {consts} {options}: {regs} registers, {spills} B spilled, {shared} B shared")
+        if spills or shared > SHARED_LIMIT[cc]:
+            failures.append(f"sm_{cc} {dtype} {name} {consts} {options}: {spills} B spilled, {shared} B shared")
+    assert not failures, "\n".join(failures)
