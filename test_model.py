@@ -188,6 +188,19 @@ def test_parameter_counts():
     assert frozen.gamma_delta()[0].eq(-0.5).all() and frozen.gamma_delta()[1].eq(1.0).all()
 
 
+def test_init_is_gpt2s():
+    """N(0, 0.02) weights, zero biases, and residual projections scaled by 1/√(2·n_layer), as in GPT-2."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=256, vocab_size=512, block_size=64, op="mix"))
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert p.std().item() == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.05), name
+        elif name.endswith(("c_attn.weight", "c_fc.weight", "wte.weight", "wpe.weight")):
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+        elif name.endswith("bias") and "ln_" not in name:
+            assert p.eq(0).all(), name
+
+
 def test_no_weight_decay_on_corridor_scalars_and_their_lr_scale():
     model = GPT(tiny("mix_ab"))
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), op_lr_scale=50.0)

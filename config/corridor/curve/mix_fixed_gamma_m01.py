@@ -1,4 +1,6 @@
-op = "mix"  # the corridor curve: val loss with γ fixed at -0.1 and δ fixed at 1 (γ = -0.5 is ../mix_fixed_gamma.py)
+# The corridor curve: val loss with γ fixed at -0.1 and δ fixed at 1 (the other points: ../mix_fixed_gamma.py
+# at γ = -0.5; at γ = 0 the operator is attention exactly, so attention's own runs are that point)
+op = "mix"
 gamma_init = -0.1
 learn_gamma = False
 learn_delta = False
