@@ -316,6 +316,9 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
         if top_k:
             want = want.masked_fill(want < want.topk(top_k).values[:, [-1]], float("-inf"))
         assert torch.allclose(seen[-20], want.softmax(-1), atol=1e-6)
+        if not top_k:  # past block_size the model sees only the last block_size tokens
+            window = out[:, -1 - TINY["block_size"]:-1]
+            assert torch.allclose(seen[-1], (model(window)[0][:, -1, :] / temperature).softmax(-1), atol=1e-6)
         if top_k:
             assert ((seen[-1] > 0).sum(-1) == top_k).all()
     greedy = model.generate(prompt, max_new_tokens=5, temperature=0)
@@ -364,6 +367,8 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
     assert (got - want).abs().max() <= 1e-6  # float32 rounding is ~1e-7; the exact GELU instead of tanh moves 5e-6
     gamma, delta = model.gamma_delta()
     assert gamma.eq(0).all() and delta.eq(1).all()
+    model.crop_block_size(16)  # keeps the first 16 positions' embeddings
+    assert (model(idx[:, :16], idx[:, :16])[0] - hf(idx[:, :16]).logits).abs().max() <= 1e-6
     lap = GPT.from_pretrained(str(tmp_path), op="laplacian").eval()
     assert (lap(idx, idx)[0] - want).abs().max() > 1e-3  # a different op really computes something else
 
