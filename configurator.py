@@ -98,8 +98,8 @@ def configure(defaults, argv, rules=None, files=True):
     rules = rules or {}
     values, given = dict(defaults), set()
     for arg in argv:
-        if arg in ("-h", "--help"):
-            print("settings and their defaults (override with a config file or --key=value):")
+        if arg in ("-h", "--help"):  # the script's own docstring says how to run it, then every setting
+            print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
             print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
             sys.exit(0)
         if arg.startswith("--"):
