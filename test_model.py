@@ -305,7 +305,7 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
     torch.manual_seed(0)
     model = GPT(tiny("mix")).eval()
     prompt = tokens(B=2, T=4)
-    last = model(prompt)[0][:, -1, :]  # (B, vocab) the logits of the first new token
+    last = logits(model, prompt)[:, -1, :]  # (B, vocab) the logits of the first new token, from the full forward
     seen = []
     multinomial = torch.multinomial
     monkeypatch.setattr(torch, "multinomial", lambda probs, **kw: seen.append(probs.clone()) or multinomial(probs, **kw))
@@ -318,7 +318,7 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
         assert torch.allclose(seen[-20], want.softmax(-1), atol=1e-6)
         if not top_k:  # past block_size the model sees only the last block_size tokens
             window = out[:, -1 - TINY["block_size"]:-1]
-            assert torch.allclose(seen[-1], (model(window)[0][:, -1, :] / temperature).softmax(-1), atol=1e-6)
+            assert torch.allclose(seen[-1], (logits(model, window)[:, -1, :] / temperature).softmax(-1), atol=1e-6)
         if top_k:
             assert ((seen[-1] > 0).sum(-1) == top_k).all()
     greedy = model.generate(prompt, max_new_tokens=5, temperature=0)
