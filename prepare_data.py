@@ -578,8 +578,8 @@ def ensure_prepared(name, out_dir="data"):
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
     leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
                 if os.path.isdir(staging) else "")
-    raise DataError(f"no token shards ready in {data_dir} (no meta.json){leftover}; prepare them with "
-                    f"`python prepare_data.py {how}`")
+    what = "has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else "does not exist"
+    raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
 
 
 def main(argv):

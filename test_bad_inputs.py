@@ -76,7 +76,7 @@ def finished_run(workdir):
     (["--learning_rat=1e-3"], "unknown setting 'learning_rat'; did you mean learning_rate"),
     (["--op"], "argument '--op' must look like --key=value"),
     (["config/nope.py"], "config file 'config/nope.py' not found"),
-    (["--dataset=nothing_here"], "no token shards in data/nothing_here; prepare them"),
+    (["--dataset=nothing_here"], "dataset data/nothing_here does not exist; prepare it with `python prepare_data.py"),
     (["--init_from=resume", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--eval_only=True", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
 ])
@@ -188,7 +188,7 @@ def test_dataset_without_meta_json(workdir):
     os.makedirs("data/half")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/half/half_{split}_00000{n}.bin", list(range(100)) * 10)
-    assert "data/half has no meta.json" in train_error("--dataset=half")
+    assert "dataset data/half has no meta.json, so it is not a finished dataset" in train_error("--dataset=half")
 
 
 # --- sample.py, bench.py, model.py --------------------------------------------------------------------------------

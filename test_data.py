@@ -201,7 +201,7 @@ def test_pydocs_and_ensure_prepared(tmp_path, capsys):
     assert pd.ensure_prepared("pydocs", out_dir=out) == data_dir and capsys.readouterr().out == ""
     with pytest.raises(DataError, match=r"`python prepare_data.py text --input=PATH --name=mybooks --out_dir="):
         pd.ensure_prepared("mybooks", out_dir=out)
-    with pytest.raises(DataError, match=r"no token shards ready .* `python prepare_data.py fineweb10B --out_dir="):
+    with pytest.raises(DataError, match=r"dataset .* `python prepare_data.py fineweb10B --out_dir="):
         pd.ensure_prepared("fineweb10B", out_dir=out)
 
 
@@ -230,7 +230,7 @@ def test_an_interrupted_publish_never_looks_prepared(tmp_path, monkeypatch):
             for split in ("train", "val"):
                 assert len(all_tokens(data_dir, split)) == dl.load_meta(data_dir)["tokens"][split]
         else:
-            with pytest.raises(DataError, match="no token shards ready"):
+            with pytest.raises(DataError, match="has no meta.json, so it is not a finished dataset"):
                 pd.ensure_prepared("t", out_dir=out)
     monkeypatch.setattr(os, "replace", real_replace)
     assert dl.load_meta(pd.prepare("text", input=__file__, name="t", out_dir=out))["tokens"] == old_tokens
