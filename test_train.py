@@ -115,6 +115,20 @@ def test_logged_train_loss_is_the_mean_over_micro_steps(workdir):
         assert abs(logged - read_log(out, "eval")[-1]["train_loss"]) < 0.05
 
 
+def test_gradients_are_clipped_before_the_step(workdir, monkeypatch):
+    norms, step = [], torch.optim.AdamW.step
+
+    def recording_step(self, *args, **kwargs):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+        return step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    run("--grad_clip=0.01", "--max_iters=3", "--eval_interval=3", "--out_dir=out/clip")
+    assert len(norms) == 3 and max(norms) <= 0.01 * (1 + 1e-5)
+    run("--grad_clip=0", "--max_iters=3", "--eval_interval=3", "--out_dir=out/noclip")  # 0: not clipped
+    assert min(norms[3:]) > 0.1
+
+
 def test_gamma_min_is_kept_by_the_training_loop(workdir):
     free = run("--op=mix", "--max_iters=8", "--eval_interval=8", "--out_dir=out/free")
     assert (free.gamma_delta()[0] < 0).any()  # left alone, some heads move into the corridor ...
