@@ -251,6 +251,15 @@ def test_resume_refuses_a_different_model_and_config_json_says_what_ran(workdir)
     run("--init_from=resume", "--max_iters=6", "--out_dir=out/r", "--n_head=2", "--dropout=0.1")  # the same model
     config = json.load(open("out/r/config.json"))
     assert (config["n_layer"], config["n_head"], config["dropout"], config["max_iters"]) == (2, 2, 0.1, 6)
+    assert config["init_from"] == "scratch"  # how the run began; the log's start records show the resumes
+
+
+@pytest.mark.parametrize("always", [True, False])
+def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
+    """At learning rate 0 the val loss never improves after the first evaluation."""
+    run("--learning_rate=0", "--min_lr=0", "--max_iters=6", "--eval_interval=2", f"--always_save_checkpoint={always}",
+        "--out_dir=out/a")
+    assert torch.load("out/a/ckpt.pt", weights_only=True)["iter_num"] == (6 if always else 2)
 
 
 def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
@@ -287,6 +296,7 @@ def test_ddp_two_processes_match_one(workdir):
         assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # averaged over the ranks, not summed
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1  # only rank 0 prints, saves
+    assert [r["tokens"] for r in read_log("out/ddp", "train")] == [r["tokens"] for r in read_log("out/single", "train")]
 
 
 def test_finetune_from_local_gpt2_starts_at_attention(workdir):
