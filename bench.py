@@ -95,11 +95,17 @@ def bench_ops(cfg):
 def bench_nanogpt(cfg):
     """Our training step against nanoGPT's model.py at nanoGPT's CPU example config, interleaved: every repeat
     times `iters` steps of each contestant in turn; the table keeps each one's best repeat."""
-    if not os.path.isfile(cfg.nanogpt):
-        raise ConfigError(f"nanogpt={cfg.nanogpt!r}: give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)")
+    where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
+    if not os.path.isfile(cfg.nanogpt) or not cfg.nanogpt.endswith(".py"):
+        raise ConfigError(f"nanogpt={cfg.nanogpt!r} is not a Python file: {where}")
     spec = importlib.util.spec_from_file_location("nanogpt_model", cfg.nanogpt)
     nano = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nano)
+    try:
+        spec.loader.exec_module(nano)
+    except Exception as e:
+        raise ConfigError(f"nanogpt={cfg.nanogpt!r} failed to load ({type(e).__name__}): {where}") from None
+    if not hasattr(nano, "GPT") or not hasattr(nano, "GPTConfig"):
+        raise ConfigError(f"nanogpt={cfg.nanogpt!r} defines no GPT and GPTConfig: {where}")
     B, T = 12, NANOGPT_CPU["block_size"]
     contestants = {}
     for name, make in (("nanoGPT", lambda: nano.GPT(nano.GPTConfig(**NANOGPT_CPU))),

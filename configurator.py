@@ -9,6 +9,8 @@ once, here: an unknown key gets a "did you mean", a value of the wrong type or o
 that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
 """
 import difflib
+import math
+import numbers
 import os
 import sys
 from ast import literal_eval
@@ -66,10 +68,13 @@ KINDS = {int: "an integer", float: "a number", bool: "True or False", str: "text
 
 
 def typed(key, value, kind):
-    if kind is float and type(value) is int:
-        return float(value)  # 1 where 1.0 is meant
+    if kind in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if kind is float or isinstance(value, numbers.Integral):  # 1 where 1.0 is meant, numpy's numbers too
+            value = kind(value)
     if type(value) is not kind:
         raise ConfigError(f"{key}={value!r} is not allowed: it must be {KINDS.get(kind, kind.__name__)}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: it must be a finite number")
     return value
 
 
@@ -93,27 +98,27 @@ def parse_value(text, default):
 
 
 def configure(defaults, argv, rules=None, files=True):
-    """Defaults, then config files (when files=True), then --key=value. Returns (cfg, given): the settings as
-    attributes, and the set of keys a config file or the command line set."""
+    """Defaults, then config files (when files=True), then --key=value, whatever their order in argv. Returns
+    (cfg, given): the settings as attributes, and the set of keys a config file or the command line set."""
     rules = rules or {}
+    if "-h" in argv or "--help" in argv:  # the script's own docstring says how to run it, then every setting
+        print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
+        print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+        sys.exit(0)
     values, given = dict(defaults), set()
     for arg in argv:
-        if arg in ("-h", "--help"):  # the script's own docstring says how to run it, then every setting
-            print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
-            print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
-            sys.exit(0)
+        if not arg.startswith("--") and not files:
+            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
+        for key, value in (read_config_file(arg).items() if not arg.startswith("--") else []):
+            values[key] = check(key, value, defaults, rules)
+            given.add(key)
+    for arg in argv:
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
             if not eq:
                 raise ConfigError(f"argument {arg!r} must look like --key=value")
             values[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
             given.add(key)
-        elif files:
-            for key, value in read_config_file(arg).items():
-                values[key] = check(key, value, defaults, rules)
-                given.add(key)
-        else:
-            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
     return SimpleNamespace(**values), given
 
 
@@ -125,7 +130,7 @@ def read_config_file(path):
     try:
         with open(path, encoding="utf-8") as f:
             exec(f.read(), scope)
-    except Exception as e:
-        raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {e}") from None
+    except (Exception, SystemExit) as e:  # a config file that crashes, or exits, is a bad config file
+        raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     return {k: v for k, v in scope.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}

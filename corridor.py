@@ -105,6 +105,12 @@ def load_run(path):
     evals = [r for r in records if r.get("event") == "eval"]
     if not evals:
         raise ValueError(f"{log_path}: no eval record yet (train.py logs the first one at iter 0)")
+    for before, after in zip(evals, evals[1:]):  # train.py logs one history, in order, of one model
+        if after["iter"] <= before["iter"] or np.shape(after["gamma"]) != np.shape(before["gamma"]):
+            raise ValueError(f"{log_path}: the eval at iter {after['iter']} does not follow the one at iter "
+                             f"{before['iter']} (out of order, or another model's γ); the log was edited or mixed")
+    if not math.isfinite(evals[-1]["val_loss"]):
+        warnings.append(f"{log_path}: the val loss became {evals[-1]['val_loss']} at iter {evals[-1]['iter']}: the run diverged")
     name = os.path.basename(os.path.normpath(path))
     return {"name": name, "path": path, "config": config, "records": records, "evals": evals, "warnings": warnings}
 
@@ -132,7 +138,7 @@ def summarize(run):
     last = run["evals"][-1]
     gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
     inside = (gamma > -1.0) & (gamma < 0.0)  # open interval: −1 (Laplacian) and 0 (attention) are its endpoints
-    best = min(run["evals"], key=lambda r: r["val_loss"])
+    best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)  # NaN: diverged
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
     s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,

@@ -106,10 +106,17 @@ def load_meta(data_dir):
         raise DataError(f"{data_dir} has no meta.json, so its shards cannot be trusted or decoded; prepare the "
                         "dataset again with prepare_data.py (it writes meta.json last)")
     try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise DataError(f"{path} is not valid JSON ({e}); prepare the dataset again") from None
+    ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
+        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16 and \
+        (meta["tokenizer"] != "char" or isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"])
+    if not ok:
+        raise DataError(f"{path} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an integer in "
+                        "1..65536; chars for char): it was edited or comes from elsewhere; prepare the dataset again")
+    return meta
 
 
 def unigram_loss(data_dir, vocab_size):
@@ -169,7 +176,7 @@ class ShardLoader:
             if len(self.tokens) < self.step * self.T + 1:
                 raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than one batch of "
                                 f"world_size*batch_size*block_size+1 = {self.step * self.T + 1}; "
-                                "use a smaller batch or block")
+                                "use a smaller batch or block, or prepare the data with a larger --shard_size")
         if moved:
             self.epoch = state["epoch"]
             self._shuffle()

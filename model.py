@@ -268,6 +268,9 @@ class GPT(nn.Module):
         try:
             hf = GPT2LMHeadModel.from_pretrained(name_or_path)
         except OSError as e:
+            if os.path.isdir(name_or_path):
+                raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' save_pretrained "
+                                 f"({e.__class__.__name__}: it lacks a GPT-2 config.json or weights)") from None
             raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub ({e.__class__.__name__}); "
                              "offline, pass a local directory saved with save_pretrained instead") from None
         c = hf.config
@@ -342,7 +345,7 @@ if __name__ == "__main__":
     import sys
     from configurator import ConfigError, configure, one_of
     try:
-        cfg = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        cfg, _ = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
         demo(cfg.op, cfg.gamma)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -28,7 +28,6 @@ The two hub corpora are pinned to one revision each, so they are the same wherev
   token ids have been checked; a broken download is deleted and named.
 """
 import errno
-import glob
 import hashlib
 import json
 import os
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from configurator import ConfigError, at_least, configure, in_range, one_of, optional
+from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, optional
 from dataloader import DataError, ShardFile, find_shards, load_meta, read_shard
 
 try:
@@ -160,7 +159,7 @@ def shakespeare_documents():
 
 def text_documents(path):
     if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "*.txt")))
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))  # .TXT too
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     elif os.path.isfile(path):
@@ -529,7 +528,7 @@ def fraction(key, value):
     return value
 
 
-RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1),
+RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1), "name": nonempty, "input": nonempty,
          "val_fraction": optional(float, fraction), "num_proc": optional(int, at_least(1)),
          "train_shards": in_range(1, FINEWEB_TRAIN_FILES + 1)}
 

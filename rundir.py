@@ -58,11 +58,18 @@ def atomic_write(path, write):
     try:
         write(tmp)
         os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
+    except Exception as e:  # OSError, and torch.save's RuntimeError when the disk fills up mid-file
+        if os.path.isfile(tmp):
             os.remove(tmp)
-        kept = "the previous one is intact" if os.path.exists(path) else "nothing was written"
-        raise OSError(e.errno, f"{e.strerror} while writing {path}; {kept}") from None
+        kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        raise OSError(f"{reason} while writing {path}; {kept}") from None
+
+
+def holds_a_run(out_dir):
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log with records in it."""
+    log = os.path.join(out_dir, "log.jsonl")
+    return os.path.exists(os.path.join(out_dir, "ckpt.pt")) or os.path.isfile(log) and os.path.getsize(log) > 0
 
 
 def save_checkpoint(path, ckpt):
@@ -71,6 +78,11 @@ def save_checkpoint(path, ckpt):
 
 def save_config(out_dir, settings):
     atomic_write(os.path.join(out_dir, "config.json"), lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=1)))
+
+
+# what a checkpoint holds, and the type of each entry: checked before anything uses it
+CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": int, "best_val_loss": float,
+              "tokens": int, "loader": dict, "meta": dict, "config": dict}
 
 
 def load_checkpoint(path):
@@ -82,25 +94,33 @@ def load_checkpoint(path):
     except Exception as e:
         raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is corrupt, "
                           "not a nanoCorridor checkpoint, or carries code") from None
-    missing = {"model", "optimizer", "model_args", "iter_num", "best_val_loss", "loader", "meta", "config"} - set(ckpt)
+    missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
+    wrong = [k for k, kind in CHECKPOINT.items() if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]
+    if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
+        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({', '.join(wrong) or 'loader, config'}); "
+                          "it comes from another version or was edited")
     return ckpt
 
 
 def trim_log(path, iter_num):
     """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
-    the one history that the resumed run continues."""
+    the one history that the resumed run continues. Only a last line cut off by a crash may be unreadable."""
+    with open(path, "rb") as f:
+        lines = [line for line in f if line.strip()]
     keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            before = record["iter"] <= iter_num and record["event"] != "done"
+        except (ValueError, TypeError, KeyError):  # not JSON, not UTF-8, not a record of ours
+            if n == len(lines):
                 break  # a line cut off by a crash
-            if record["iter"] <= iter_num and record["event"] != "done":
-                keep.append(line)
-    atomic_write(path, lambda tmp: Path(tmp).write_text("".join(keep)))
+            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line, then resume") from None
+        if before:
+            keep.append(line.rstrip(b"\n") + b"\n")
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(b"".join(keep)))
 
 
 def git_commit():
@@ -118,12 +138,19 @@ class RunLog:
     """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed run
     first drops what was logged after its checkpoint (see trim_log) and appends from there."""
 
-    def __init__(self, out_dir, resume_iter=None):
+    def __init__(self, out_dir, resume_iter=None, wandb_run=None):
         path = os.path.join(out_dir, "log.jsonl")
         if resume_iter is not None and os.path.exists(path):
             trim_log(path, resume_iter)
         self.file = open(path, "w" if resume_iter is None else "a")
+        self.wandb = None
+        if wandb_run is not None:  # also send the numbers to Weights & Biases: wandb.init's arguments
+            import wandb  # lazy: optional
+            self.wandb = wandb
+            wandb.init(**wandb_run)
 
     def write(self, record):
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if self.wandb is not None and record["event"] in ("train", "eval"):
+            self.wandb.log({k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}, step=record["iter"])

@@ -37,17 +37,19 @@ def read_prompt(start):
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
-    except FileNotFoundError:
-        raise ConfigError(f"--start=FILE:{path}: no such file") from None
     except UnicodeDecodeError:
         raise ConfigError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"--start=FILE:{path}: {e.strerror.lower()}") from None
 
 
 def sample(cfg):
     try:
         device = torch.device(cfg.device)
     except RuntimeError:
-        raise ConfigError(f"device={cfg.device!r} is not a device name; use cpu, cuda, cuda:N or mps") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device={cfg.device!r} is not a device to sample on; use cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available() or device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))

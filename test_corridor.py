@@ -1,5 +1,6 @@
 """Tests for corridor.py on synthetic run directories with known values. Run: python -m pytest -q test_corridor.py"""
 import json
+import math
 
 import pytest
 
@@ -540,3 +541,21 @@ def test_diverged_run_is_not_a_crash(tmp_path, capsys, no_figures):
     assert out[groups + 3].split() == ["mix", "2", "nan", "±", "nan", "n/a", "n/a", "n/a", "1/2", "n/a", "50%", "±", "0%"]
     runs = out.index(next(line for line in out if line.startswith("== runs by")))
     assert out[runs + 5].split()[0] == "mix_s0"  # the NaN run last
+
+
+def test_an_edited_or_mixed_log_is_refused(tmp_path, capsys):
+    d = make_run(tmp_path, "reversed")
+    log = tmp_path / "reversed" / "log.jsonl"
+    log.write_text("".join(reversed(log.read_text().splitlines(keepends=True))))
+    assert "the eval at iter 100 does not follow the one at iter 200" in error_line(capsys, [d])
+    mixed = make_run(tmp_path, "mixed", tail=json.dumps({"event": "eval", "iter": 300, "val_loss": 2.0,
+                                                          "gamma": [[0.0]], "delta": [[1.0]]}) + "\n")
+    assert "another model's γ" in error_line(capsys, [mixed])
+
+
+def test_a_diverged_run_is_reported_not_hidden(tmp_path, capsys):
+    d = make_run(tmp_path, "diverged", val=(3.0, 2.0, float("nan")))
+    s = corridor.summarize(corridor.load_run(d))
+    assert (s["best_val"], s["best_iter"]) == (2.0, 100) and math.isnan(s["final_val"])
+    assert corridor.main([d]) == 0
+    assert "the val loss became nan at iter 200: the run diverged" in capsys.readouterr().err

@@ -5,6 +5,9 @@ causality, gradients, parameter counts, the γ ≥ gamma_min projection, overfit
     python -m pytest -q test_model.py
 """
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -349,6 +352,9 @@ def test_demo_prints_operator_and_identity(capsys):
     assert torch.allclose(M[0].sum(-1), torch.full((M.size(-1),), 0.5, dtype=M.dtype))
     out = capsys.readouterr().out
     assert "row sums" in out and "corridor identity" in out
+    p = subprocess.run([sys.executable, "model.py", "--op=laplacian", "--gamma=-0.3"], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))  # the classroom command itself
+    assert p.returncode == 0 and "op=laplacian: head 3 of layer 0" in p.stdout, p.stderr
 
 
 # --- GPT-2 import, offline -------------------------------------------------------------------------------------------

@@ -239,6 +239,17 @@ def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys)
         assert {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")} == files
 
 
+def test_resume_keeps_the_runs_settings_unless_given(workdir):
+    run("--max_iters=2", "--eval_interval=2", "--learning_rate=1e-4", "--batch_size=2", "--seed=5", "--out_dir=out/k")
+    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"]))  # nothing else given
+    config = json.load(open("out/k/config.json"))
+    assert (config["learning_rate"], config["batch_size"], config["seed"], config["n_layer"]) == (1e-4, 2, 5, 2)
+    assert [r["tokens"] for r in read_log("out/k", "train")] == [64 * i for i in (1, 2, 3, 4)]
+    train.train(*parse_config(["--init_from=resume", "--max_iters=5", "--out_dir=out/k", "--batch_size=4"]))
+    assert json.load(open("out/k/config.json"))["batch_size"] == 4  # what is given wins
+    assert read_log("out/k", "train")[-1]["tokens"] == 4 * 64 + 128  # tokens seen, not iter × today's batch
+
+
 def test_resume_refuses_a_different_model_and_config_json_says_what_ran(workdir):
     cfg_file = workdir / "small.py"
     cfg_file.write_text("n_layer = 2\nop = 'mix'\n")

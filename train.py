@@ -5,20 +5,17 @@ One device (the README's main job: CPU, ~5 minutes, prepares the offline corpus 
     python train.py config/train_demo.py
 Any setting can be overridden on the command line, after the config file (--help lists them all):
     python train.py config/train_demo.py --op=attention --max_iters=500 --out_dir=out/attn
-DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo):
+DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: see the README):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
-DDP, two nodes (run on each, with --node_rank=0 on the master, whose IP is 123.456.123.456):
-    torchrun --nproc_per_node=8 --nnodes=2 --node_rank=0 --master_addr=123.456.123.456 --master_port=1234 \\
-        train.py config/train_gpt2_owt.py
 
 A run directory (out_dir) gets config.json (the settings that ran), log.jsonl (one JSON record per log line:
 losses, lr, speed and every head's (γ, δ)) and ckpt.pt (written atomically; --init_from=resume continues it).
 """
 
+import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -26,12 +23,13 @@ from dataclasses import asdict, fields
 
 import torch
 
-from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, optional
+from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
 from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
-from rundir import RunLog, git_commit, load_checkpoint, lock_run_dir, save_checkpoint, save_config, unlock_run_dir
+from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_dir, save_checkpoint, save_config,
+                    unlock_run_dir)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -92,15 +90,19 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
              learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
              beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
-             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=at_least(0), out_dir=nonempty,
-             device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
+             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=in_range(0, 2**32), out_dir=nonempty,
+             dataset=nonempty, device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
              dtype=one_of("auto", "float32", "bfloat16", "float16"))
+
+
+def defaults():
+    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops can be added later)."""
+    return {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}, **all_controls()}
 
 
 def parse_config(argv):
     """(cfg, given): the settings, and the keys that a config file or the command line set."""
-    model_defaults = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
-    return configure({**TRAIN_DEFAULTS, **model_defaults, **all_controls()}, argv, RULES)
+    return configure(defaults(), argv, RULES)
 
 
 def get_lr(it, cfg):
@@ -124,10 +126,9 @@ def pick_device_and_dtype(cfg, local_rank):
     if dev == "cuda" and local_rank is not None:
         dev = f"cuda:{local_rank}"
     device_type = dev.split(":")[0]
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={dev!r} but this torch has no CUDA or sees no GPU; use --device=cpu (or auto)")
-    if device_type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device='mps' but MPS is not available here; use --device=cpu (or auto)")
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
+    if not available[device_type]:
+        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; use --device=cpu")
     dt = cfg.dtype
     if dt == "auto":
         dt = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
@@ -147,19 +148,24 @@ def build_model(cfg, given, meta, ckpt):
     """The model that init_from asks for. A checkpoint or GPT-2 fixes the architecture: a model setting given
     explicitly that differs from it is refused, never silently ignored; cfg is then set to what runs."""
     controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
-    if ckpt is not None:
-        model = GPT(GPTConfig(**{**ckpt["model_args"], **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE}}))
-        model.load_state_dict(ckpt["model"])
-    elif cfg.init_from == "scratch":
-        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's, padded to a multiple of 64
-        model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **{k: getattr(cfg, k) for k in MODEL_KEYS}))
-    else:  # GPT-2 weights, heads switched to the chosen op
+    if ckpt is None and cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} uses the "
                               f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout, impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
+    else:
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's, padded to a multiple of 64
+        args = {**ckpt["model_args"], **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE}} if ckpt is not None else \
+            dict(vocab_size=vocab, controls=controls, **{k: getattr(cfg, k) for k in MODEL_KEYS})
+        try:
+            model = GPT(GPTConfig(**args))
+            if ckpt is not None:
+                model.load_state_dict(ckpt["model"])
+        except (TypeError, RuntimeError, MemoryError) as e:  # a checkpoint from another version, a model too large
+            what = "the checkpoint does not fit this code" if ckpt is not None else "the model cannot be built"
+            raise ConfigError(f"{what} ({type(e).__name__}: {str(e).splitlines()[0][:150]})") from None
     built = {**{k: getattr(model.config, k) for k in MODEL_KEYS}, **model.config.controls}
     source = "checkpoint" if ckpt is not None else "pretrained model"
     for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
@@ -174,26 +180,25 @@ def build_model(cfg, given, meta, ckpt):
 
 
 def train(cfg, given=frozenset()):
-    # --- set-up: processes, device, run directory ----------------------------------------------------------------
-    ddp = int(os.environ.get("RANK", -1)) != -1  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
-    rank, local_rank, world_size = 0, None, 1
-    if ddp:
-        rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    # --- set-up: the checkpoint to continue, processes, device ---------------------------------------------------
+    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
+    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
+        ckpt = load_checkpoint(ckpt_path)
+        for k, v in ckpt["config"].items():  # a resumed run keeps its settings and how it began, except those given now
+            if k in vars(cfg) and (k == "init_from" or k not in given) and k not in ("out_dir", "eval_only"):
+                setattr(cfg, k, check(k, v, defaults(), RULES))
+        if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
+    ddp = "RANK" in os.environ  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
+    rank, local_rank, world_size = [int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")] if ddp else (0, None, 1)
     if cfg.gradient_accumulation_steps % world_size:
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
                           f"the number of processes ({world_size})")
-    if cfg.wandb_log:
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)") from None
+    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
     master, writes = rank == 0, rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
     say = print if master else lambda *args: None  # only the master prints
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if writes and cfg.init_from != "resume" and os.path.exists(ckpt_path):
-        raise ConfigError(f"{cfg.out_dir} already holds a checkpoint; continue it with --init_from=resume, "
-                          f"evaluate it with --eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir})")
     if ddp:
         from torch.distributed import init_process_group
         if device_type == "cuda":
@@ -212,21 +217,18 @@ def train(cfg, given=frozenset()):
         torch.distributed.barrier()
     data_dir = ensure_prepared(cfg.dataset)
     meta = load_meta(data_dir)
-    ckpt, ckpt_loaded = None, cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")
-    if ckpt_loaded:
-        ckpt = load_checkpoint(ckpt_path)
-        cfg.init_from = ckpt["config"]["init_from"]  # config.json keeps how the run began (the log shows resumes)
-        if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
-            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
     model = build_model(cfg, given, meta, ckpt).to(dev)
+    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+        raise ConfigError(f"dataset {cfg.dataset!r} is not the one the checkpoint was trained on (another tokenizer or "
+                          f"vocabulary); use --dataset={ckpt['config'].get('dataset')}")
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
     loader = lambda split: ShardLoader(data_dir, split, cfg.batch_size, cfg.block_size, rank, world_size,
                                        model.config.vocab_size, cfg.seed)
     train_loader, eval_loaders = loader("train"), {split: loader(split) for split in ("train", "val")}
-    iter_num, best_val_loss = 0, float("inf")
-    if ckpt is not None:
+    iter_num, best_val_loss, tokens, resuming = 0, float("inf"), 0, ckpt is not None
+    if resuming:
         optimizer.load_state_dict(ckpt["optimizer"])
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        iter_num, best_val_loss, tokens = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["tokens"]
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
     if writes:  # everything checked: from here on this process owns out_dir
@@ -235,6 +237,10 @@ def train(cfg, given=frozenset()):
             lock_run_dir(cfg.out_dir)
         except OSError as e:
             raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; choose another --out_dir") from None
+        if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing there
+            unlock_run_dir(cfg.out_dir)
+            raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate it with "
+                              f"--eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir} to start over)")
     start_iter, raw_model = iter_num, model
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
     if cfg.compile if cfg.compile is not None else device_type == "cuda":
@@ -273,14 +279,14 @@ def train(cfg, given=frozenset()):
         losses = estimate_loss()
         gamma, delta = raw_model.gamma_delta()
         say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} | {corridor_summary(gamma, delta)}")
-        log({"event": "eval", "iter": iter_num, "tokens": iter_num * tokens_per_iter, "train_loss": losses["train"],
+        log({"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": losses["train"],
              "val_loss": losses["val"], "gamma": gamma.tolist(), "delta": delta.tolist()})
         stop_if_not_finite("the validation loss", losses["val"])
         if writes and iter_num > 0 and (losses["val"] < best_val_loss or cfg.always_save_checkpoint):
             best_val_loss = min(best_val_loss, losses["val"])
             save_checkpoint(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                                         "model_args": asdict(raw_model.config), "iter_num": iter_num,
-                                        "best_val_loss": best_val_loss, "config": vars(cfg),
+                                        "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
                                         "loader": train_loader.state_dict(), "meta": meta})
             say(f"saved checkpoint to {ckpt_path}")
 
@@ -293,22 +299,16 @@ def train(cfg, given=frozenset()):
     # --- logging -------------------------------------------------------------------------------------------------
     if writes:
         save_config(cfg.out_dir, vars(cfg))
-        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if ckpt_loaded else None)
+        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg)) if cfg.wandb_log else None
+        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if resuming else None, wandb_run=wandb_run)
         run_log.write({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__,
                        "device": dev, "dtype": dt, "world_size": world_size})
-        if cfg.wandb_log:
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    log = run_log.write if writes else lambda record: None
     say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
         f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
     if master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # small enough to count quickly
         say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} (context-free token frequencies)")
-
-    def log(record):
-        if writes:
-            run_log.write(record)
-            if cfg.wandb_log:
-                wandb.log({k: v for k, v in record.items() if k not in ("gamma", "delta", "event")}, step=record["iter"])
 
     # --- the training loop -----------------------------------------------------------------------------------------
     t0, iter0 = time.time(), iter_num
@@ -339,7 +339,7 @@ def train(cfg, given=frozenset()):
         scaler.update()
         raw_model.project()  # e.g. γ ≥ gamma_min
         optimizer.zero_grad(set_to_none=True)
-        iter_num += 1
+        iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
             lossf = loss_sum.item()  # a sync with the device: only every log_interval
             stop_if_not_finite("the training loss", lossf)
@@ -347,7 +347,7 @@ def train(cfg, given=frozenset()):
             mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
             say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt_iter * 1000:.1f} ms/iter, "
                 f"{tokens_per_iter / dt_iter:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-            log({"event": "train", "iter": iter_num, "tokens": iter_num * tokens_per_iter, "loss": lossf, "lr": lr,
+            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "lr": lr,
                  "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
     # --- the end ---------------------------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def main(argv=None):
     try:
         return train(*parse_config(sys.argv[1:] if argv is None else argv))
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else 1)  # the same line from every rank: once
     except KeyboardInterrupt:
         sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")
 
