@@ -80,6 +80,7 @@ def finished_run(workdir):
     (["--learning_rat=1e-3"], "unknown setting 'learning_rat'; did you mean learning_rate"),
     (["--op"], "argument '--op' must look like --key=value"),
     (["config/nope.py"], "config file 'config/nope.py' not found"),
+    (["--block_size=100000000000"], "the model cannot be built (RuntimeError: "),
     (["--dataset=nothing_here"], "dataset data/nothing_here does not exist; prepare it with `python prepare_data.py"),
     (["--init_from=resume", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--eval_only=True", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),

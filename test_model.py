@@ -410,5 +410,5 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
         model(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="unknown pretrained model 'gpt3'"):
         GPT.from_pretrained("gpt3")
-    with pytest.raises(ValueError, match="could not load"):
+    with pytest.raises(ValueError, match="is not a directory saved with transformers' save_pretrained"):
         GPT.from_pretrained(str(tmp_path))  # an existing directory that holds no model
