@@ -70,6 +70,15 @@ def test_config_file_and_overrides(tmp_path):
     assert (c.batch_size, c.gamma_init, c.laplacian_heads) == (12, 0.0, None)  # defaults: train.py's, the ops'
 
 
+def test_the_seed_decides_the_initial_weights_and_the_data_order(workdir):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):  # at learning rate 0 the weights stay the initial ones
+        run(f"--seed={seed}", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2", f"--out_dir=out/{name}")
+    init = {name: weights(f"out/{name}/ckpt.pt")["lm_head.weight"] for name in "abc"}
+    losses = {name: [r["loss"] for r in read_log(f"out/{name}", "train")] for name in "abc"}
+    assert torch.equal(init["a"], init["b"]) and not torch.equal(init["a"], init["c"])
+    assert losses["a"] == losses["b"] != losses["c"]
+
+
 def test_learning_rate_schedule():
     c, _ = parse_config(["--learning_rate=1.0", "--min_lr=0.1", "--warmup_iters=4", "--max_iters=20",
                          "--lr_decay_iters=14"])
