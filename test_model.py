@@ -106,6 +106,17 @@ def test_corridor_identity_on_materialised_matrices():
             assert torch.allclose(M.sum(-1), torch.full((2, 3, 7), delta * (1 + gamma), dtype=torch.float64))
 
 
+def test_attention_dropout_on_the_materialised_path():
+    """Dropout acts on P (each weight dropped or scaled by 1/(1-p)), never on the identity term."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 3, 9, 8, dtype=torch.float64), torch.randn(2, 3, 9, 8, dtype=torch.float64)
+    a, b = torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64), torch.tensor([1.0, 2.0, -0.5], dtype=torch.float64)
+    bP = b.view(-1, 1, 1) * causal_softmax(q, k)
+    dropped = operator_matrix(q, k, a, b, dropout_p=0.5) - a.view(-1, 1, 1) * torch.eye(9, dtype=torch.float64)
+    kept = (dropped - 2 * bP).abs() < 1e-12
+    assert (kept | (dropped == 0)).all() and kept[bP != 0].any() and (dropped[bP != 0] == 0).any()
+
+
 def test_laplacian_rows_sum_to_zero():
     q, k = torch.randn(2, 4, 9, 8, dtype=torch.float64), torch.randn(2, 4, 9, 8, dtype=torch.float64)
     a, b = torch.ones(4, dtype=torch.float64), -torch.ones(4, dtype=torch.float64)  # I - P
