@@ -171,6 +171,15 @@ def test_resume_on_another_dataset_is_refused(finished_run):
             f"--out_dir={finished_run}", "--dataset=abc", *extra)
 
 
+def test_the_lock_file_names_its_holder(workdir):
+    os.makedirs("out/l")
+    open("out/l/lock", "w").write("4242")  # left by a process that was killed
+    rundir.lock_run_dir("out/l")
+    assert open("out/l/lock").read() == str(os.getpid())
+    rundir.unlock_run_dir("out/l")
+    assert open("out/l/lock").read() == ""
+
+
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys):
     os.makedirs("out/busy")
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open('out/busy/lock', 'a+'); "

@@ -78,8 +78,8 @@ def corrupt(path, case):
     tokens = np.arange(100, dtype=np.uint16)
     dl.write_shard(path, tokens)
     header = np.fromfile(path, dtype="<i4", count=256)
-    if case in ("magic", "version", "count"):
-        header[{"magic": 0, "version": 1, "count": 2}[case]] += 1
+    if case in ("magic", "version", "count", "extra"):
+        header[{"magic": 0, "version": 1, "count": 2, "extra": 2}[case]] += 1 if case != "extra" else -1
         with open(path, "r+b") as f:
             f.write(header.tobytes())
     elif case == "short":
@@ -89,6 +89,7 @@ def corrupt(path, case):
 @pytest.mark.parametrize("case, message", [
     ("magic", "wrong magic number"), ("version", "unsupported shard version"),
     ("count", "header says 101 tokens but the file holds 100"),
+    ("extra", "header says 99 tokens but the file holds 100"),
     ("vocab", "token id 99 is >= the model's vocab_size 50"),
     ("short", "10 tokens is shorter than one batch"), ("missing", r"no train shards matching \*_train_\*.bin")])
 def test_corrupt_shards(tmp_path, case, message):
@@ -627,6 +628,15 @@ def test_an_epoch_visits_every_window_once_in_shuffled_order(tmp_path):
     assert loader.state_dict()["epoch"] == 0
     later = [row[0].item() for _ in range(15) for row in loader.next_batch()[0]]
     assert loader.state_dict()["epoch"] == 1 and len({t % 10 for t in later}) == 1  # one seeded offset per epoch
+    epochs = [[row[0].item() for _ in range(15) for row in loader.next_batch()[0]] for _ in range(3)]
+    assert len({tuple(e) for e in [later] + epochs}) == 4  # every epoch its own order (and offset)
+
+
+def test_unigram_baseline_by_hand(tmp_path):
+    """Train counts of token 0, 1: 3, 1 (add-one smoothed: 4/6, 2/6); val holds one 0 and one 1."""
+    dl.write_shard(str(tmp_path / "u_train_000001.bin"), [0, 0, 0, 1])
+    dl.write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
+    assert dl.unigram_loss(str(tmp_path), vocab_size=2) == pytest.approx(-(np.log(4 / 6) + np.log(2 / 6)) / 2)
 
 
 def test_loader_state_resumes_across_shards_and_epochs(tmp_path):
