@@ -67,9 +67,20 @@ def atomic_write(path, write):
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log with records in it."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any training.
+    A run killed while starting up has logged only its "start" record: starting again there loses nothing."""
+    if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+        return True
     log = os.path.join(out_dir, "log.jsonl")
-    return os.path.exists(os.path.join(out_dir, "ckpt.pt")) or os.path.isfile(log) and os.path.getsize(log) > 0
+    return os.path.isfile(log) and any(line.strip() and not is_start_record(line) for line in open(log))
+
+
+def is_start_record(line):
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("event") == "start"
 
 
 def save_checkpoint(path, ckpt):

@@ -143,6 +143,16 @@ def test_a_run_without_its_checkpoint_is_not_overwritten_either(finished_run):
     assert open(f"{finished_run}/log.jsonl").read() == log
 
 
+def test_a_run_killed_while_starting_can_start_again(finished_run):
+    """Killed after its "start" record but before any training: nothing is lost by starting over there."""
+    start = open(f"{finished_run}/log.jsonl").readline()
+    assert '"event": "start"' in start
+    os.remove(f"{finished_run}/ckpt.pt")
+    open(f"{finished_run}/log.jsonl", "w").write(start)
+    train.main(TINY + [f"--out_dir={finished_run}"])
+    assert '"event": "done"' in open(f"{finished_run}/log.jsonl").read()
+
+
 @pytest.mark.parametrize("line, words", [
     ("\n", None),  # a blank line is harmless
     ('{"event": "note"}\n', "line 3 is not a record train.py wrote"),
