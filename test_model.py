@@ -251,6 +251,9 @@ def test_frozen_scalars_do_not_move():
         opt.zero_grad(), loss.backward(), opt.step()
     gamma, delta = model.gamma_delta()
     assert gamma.eq(-0.5).all() and delta.eq(1.0).all()
+    # frozen, yet saved with the model: a checkpoint holds every head's γ and δ, whatever was learned
+    state = model.state_dict()
+    assert state["transformer.h.0.attn.op.gamma"].eq(-0.5).all() and state["transformer.h.0.attn.op.delta"].eq(1.0).all()
 
 
 @pytest.mark.parametrize("op", OPS)
