@@ -150,7 +150,8 @@ def test_a_run_killed_while_starting_can_start_again(finished_run):
     os.remove(f"{finished_run}/ckpt.pt")
     open(f"{finished_run}/log.jsonl", "w").write(start)
     train.main(TINY + [f"--out_dir={finished_run}"])
-    assert '"event": "done"' in open(f"{finished_run}/log.jsonl").read()
+    log = open(f"{finished_run}/log.jsonl").read()
+    assert log.count('"event": "start"') == 1 and '"event": "done"' in log  # a log of this run alone
 
 
 @pytest.mark.parametrize("line, words", [
@@ -240,6 +241,7 @@ GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val
 @pytest.mark.parametrize("content, words", [
     (b"not a checkpoint", "cannot be read safely (UnpicklingError)"),
     ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
+    ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
     ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),
     ({**GOOD, "model_args": {"n_layer": 1, "bogus": 2}}, "the checkpoint does not fit this code (TypeError"),
     ({**GOOD, "model_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 103},
