@@ -73,6 +73,8 @@ def finished_run(workdir):
     (["--op=laplacian", "--laplacian_heads=3"], "laplacian_heads=3 is not allowed"),
     (["--n_head=3"], "n_embd=32 is not allowed: it must be divisible by n_head=3"),
     (["--n_layer=2.5"], "n_layer=2.5 is not allowed: it must be an integer"),
+    (["--n_layer=True"], "n_layer=True is not allowed: it must be an integer"),  # a bool is not a number
+    (["--learning_rate=False"], "learning_rate=False is not allowed: it must be a number"),
     (["--learning_rate=fast"], "learning_rate='fast' is not allowed: it must be a number"),
     (["--decay_lr=yes"], "decay_lr='yes' is not allowed: it must be True or False"),
     (["--lr_decay_iters=0"], "lr_decay_iters=0 is not allowed: it must be ≥ 1"),

@@ -71,6 +71,10 @@ def test_header_round_trip(tmp_path):
     assert os.path.getsize(path) == 256 * 4 + 4 * 2
     assert dl.read_shard(path).tolist() == [0, 1, 65535, 7]
     assert not os.path.exists(path + ".tmp")
+    for bad in (65536, -1):  # would wrap around in uint16: refused, and no shard is left
+        with pytest.raises(dl.DataError, match="token ids must fit in uint16"):
+            dl.write_shard(str(tmp_path / "y_train_000001.bin"), [0, bad])
+    assert not os.path.exists(tmp_path / "y_train_000001.bin")
 
 
 def corrupt(path, case):
