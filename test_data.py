@@ -186,6 +186,21 @@ def test_text_folder(tmp_path):
         pd.prepare("text", input=str(tmp_path / "nope.txt"), out_dir=out)
 
 
+def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_path):
+    """The char vocabulary always holds the separator put between documents, even when no document has a newline;
+    and a shard filled by several documents holds exactly shard_size tokens before the next one starts."""
+    data_dir = pd.prepare_documents("x", ["abc", "cab", "bca", "abc"], out_dir=str(tmp_path), shard_size=4,
+                                    val_fraction=0.25)
+    meta = dl.load_meta(data_dir)
+    assert meta["chars"] == "\nabc"
+    assert pd.get_tokenizer(meta)[1](all_tokens(data_dir, "train")) == "abc\n\ncab\n\nbca"
+    writer = pd.ShardWriter(str(tmp_path), "y", "train", shard_size=5)
+    for doc in ([1, 2, 3], [4, 5, 6], [7]):
+        writer.add(doc)
+    writer.close()
+    assert [dl.read_shard(f).tolist() for f in writer.files] == [[1, 2, 3, 4, 5], [6, 7]]
+
+
 def test_shakespeare_offline(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
