@@ -375,9 +375,10 @@ def test_sample_decodes_text_from_any_directory(workdir, capsys, monkeypatch):
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/s")
     monkeypatch.chdir(workdir / "out")  # no data/ here: the checkpoint carries what decoding needs
     args = ["--out_dir=s", "--start=The ", "--num_samples=2", "--max_new_tokens=20"]
-    texts = sample.sample(configure(sample.DEFAULTS, args, sample.RULES, files=False)[0])
+    draw = lambda *more: sample.sample(configure(sample.DEFAULTS, args + list(more), sample.RULES, files=False)[0])
+    texts = draw()
     assert len(texts) == 2 and all(t.startswith("The ") and len(t) == 24 for t in texts) and texts[0] != texts[1]
-    greedy = [sample.sample(configure(sample.DEFAULTS, args + ["--temperature=0", f"--seed={s}"], sample.RULES,
-                                      files=False)[0]) for s in (1, 2)]
+    assert draw() == texts and draw("--seed=7") != texts  # the seed decides the samples
+    greedy = [draw("--temperature=0", f"--seed={s}") for s in (1, 2)]
     assert greedy[0] == greedy[1] and greedy[0][0] == greedy[0][1]  # temperature 0: the most likely token, always
     assert "---------------" in capsys.readouterr().out
