@@ -79,6 +79,14 @@ def test_the_seed_decides_the_initial_weights_and_the_data_order(workdir):
     assert losses["a"] == losses["b"] != losses["c"]
 
 
+def test_evaluation_does_not_disturb_training(workdir):
+    """Evaluating every step or only at the end: the same training batches, the same final weights."""
+    often = run("--max_iters=4", "--eval_interval=1", "--out_dir=out/often")
+    once = run("--max_iters=4", "--eval_interval=4", "--out_dir=out/once")
+    assert [r["loss"] for r in read_log("out/often", "train")] == [r["loss"] for r in read_log("out/once", "train")]
+    assert all(torch.equal(p, q) for p, q in zip(often.state_dict().values(), once.state_dict().values()))
+
+
 def test_learning_rate_schedule():
     c, _ = parse_config(["--learning_rate=1.0", "--min_lr=0.1", "--warmup_iters=4", "--max_iters=20",
                          "--lr_decay_iters=14"])
