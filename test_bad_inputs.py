@@ -79,6 +79,7 @@ def finished_run(workdir):
     (["--decay_lr=yes"], "decay_lr='yes' is not allowed: it must be True or False"),
     (["--lr_decay_iters=0"], "lr_decay_iters=0 is not allowed: it must be ≥ 1"),
     (["--out_dir="], "out_dir is empty"),
+    (["--out_dir=  "], "out_dir is empty"),  # blanks are no directory name
     (["--learning_rat=1e-3"], "unknown setting 'learning_rat'; did you mean learning_rate"),
     (["--op"], "argument '--op' must look like --key=value"),
     (["config/nope.py"], "config file 'config/nope.py' not found"),
@@ -98,6 +99,8 @@ def test_bad_config_files(workdir):
     (workdir / "typo.py").write_text("n_layers = 2\n")
     assert "config file syntax.py failed: SyntaxError" in train_error("syntax.py")
     assert "config file boom.py failed: ZeroDivisionError" in train_error("boom.py")
+    (workdir / "leave.py").write_text("import sys\nsys.exit('bye')\n")
+    assert "config file leave.py failed: SystemExit: bye" in train_error("leave.py")  # exiting is failing
     assert "unknown setting 'n_layers'; did you mean n_layer" in train_error("typo.py")
 
 

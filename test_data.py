@@ -673,6 +673,8 @@ def test_loader_state_resumes_across_shards_and_epochs(tmp_path):
         assert (x == x2).all() and (y == y2).all() and (y == x + 1).all()  # the tokens count up: y is next
     resumed.reset()
     assert all((x == resumed.next_batch()[0]).all() for x, _ in first)
+    with pytest.raises(DataError, match="loader state points at shard 3 but there are only 3 shards"):
+        resumed.load_state_dict({**state, "shard": 3})  # one past the last: the data changed since the checkpoint
 
 
 def test_shuffle_follows_the_seed(tmp_path):

@@ -290,6 +290,19 @@ def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
     assert torch.load("out/a/ckpt.pt", weights_only=True)["iter_num"] == (6 if always else 2)
 
 
+def test_best_val_loss_stays_the_best_when_every_evaluation_saves(workdir):
+    run("--learning_rate=0.03", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True", "--out_dir=out/a")
+    val = [r["val_loss"] for r in read_log("out/a", "eval")]
+    assert min(val) < val[-1]  # at this learning rate the last evaluation is not the best one
+    assert torch.load("out/a/ckpt.pt", weights_only=True)["best_val_loss"] == min(val)
+
+
+def test_the_last_iteration_is_always_evaluated_and_saved(workdir):
+    run("--max_iters=5", "--eval_interval=2", "--out_dir=out/a")  # 5 is no multiple of 2
+    assert [r["iter"] for r in read_log("out/a", "eval")] == [0, 2, 4, 5]
+    assert torch.load("out/a/ckpt.pt", weights_only=True)["iter_num"] == 5
+
+
 def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
     lr = train.get_lr
     monkeypatch.setattr(train, "get_lr", lambda it, c: lr(it, c) if it < 4 else 1e30)  # explodes at iter 4
