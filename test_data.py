@@ -171,14 +171,15 @@ def test_text_folder(tmp_path):
     (folder / "a.txt").write_text("first book " * 10, encoding="utf-8")
     (folder / "b.txt").write_text("second bk. " * 10, encoding="utf-8")
     (folder / "notes.md").write_text("ignored", encoding="utf-8")
+    (folder / "c.TXT").write_text("third bk.. " * 10, encoding="utf-8")  # an upper-case extension counts too
     out = str(tmp_path / "data")
-    pd.prepare("text", input=str(folder), out_dir=out, shard_size=30, val_fraction=0.5)
-    data_dir = pd.prepare("text", input=str(folder), out_dir=out, val_fraction=0.5)  # again: stale shards go
-    assert data_dir == os.path.join(out, "books")
+    pd.prepare("text", input=str(folder), out_dir=out, shard_size=30, val_fraction=1 / 3)
+    data_dir = pd.prepare("text", input=str(folder) + "/", out_dir=out, val_fraction=1 / 3)  # again: stale shards go
+    assert data_dir == os.path.join(out, "books")  # books/ is named books, like books
     assert sorted(os.listdir(data_dir)) == ["books_train_000001.bin", "books_val_000000.bin", "meta.json"]
     _, decode = pd.get_tokenizer(dl.load_meta(data_dir))
-    assert decode(all_tokens(data_dir, "train")) == "first book " * 10
-    assert decode(all_tokens(data_dir, "val")) == "second bk. " * 10
+    assert decode(all_tokens(data_dir, "train")) == "first book " * 10 + "\n\n" + "second bk. " * 10
+    assert decode(all_tokens(data_dir, "val")) == "third bk.. " * 10
     (folder / "c.txt").write_bytes(b"caf\xe9")
     with pytest.raises(DataError, match="c.txt is not UTF-8"):
         pd.prepare("text", input=str(folder), out_dir=out)
