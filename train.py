@@ -1,7 +1,7 @@
 """
 Train a nanoCorridor GPT on one CPU/GPU, or on many GPUs (and nodes) with DDP.
 
-One device (the README's main job: CPU, ~5 minutes, prepares the offline corpus on the fly):
+One device (the README's main job: CPU, ~3 minutes, prepares the offline corpus on the fly):
     python train.py config/train_demo.py
 Any setting can be overridden on the command line, after the config file (--help lists them all):
     python train.py config/train_demo.py --op=attention --max_iters=500 --out_dir=out/attn

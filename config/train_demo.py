@@ -1,5 +1,5 @@
 # The README's main job: a character-level GPT on the offline default corpus (CPython's documentation,
-# prepared on the fly), heads learning δ(γI + P). About 5 minutes on 2 CPU cores.
+# prepared on the fly), heads learning δ(γI + P). About 3 minutes on 2 CPU cores.
 #   python train.py config/train_demo.py
 out_dir = "out/demo"
 dataset = "pydocs"
