@@ -72,7 +72,10 @@ def holds_a_run(out_dir):
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
-    return os.path.isfile(log) and any(line.strip() and not is_start_record(line) for line in open(log))
+    if not os.path.isfile(log):
+        return False
+    with open(log, encoding="utf-8", errors="replace") as f:  # stray bytes in a log: still a log
+        return any(line.strip() and not is_start_record(line) for line in f)
 
 
 def is_start_record(line):

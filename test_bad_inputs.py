@@ -146,6 +146,8 @@ def test_a_run_without_its_checkpoint_is_not_overwritten_either(finished_run):
     log = open(f"{finished_run}/log.jsonl").read()
     assert "already holds a run" in train_error(f"--out_dir={finished_run}")
     assert open(f"{finished_run}/log.jsonl").read() == log
+    open(f"{finished_run}/log.jsonl", "wb").write(b"\xff\xfe not a log train.py wrote\n")  # nor is a broken one
+    assert "already holds a run" in train_error(f"--out_dir={finished_run}")
 
 
 def test_a_run_killed_while_starting_can_start_again(finished_run):
