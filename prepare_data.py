@@ -551,8 +551,10 @@ def prepare(corpus, out_dir="data", **options):
     # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
     name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
                                         else corpus)
-    if name.startswith(".") or os.sep in name or "_train_" in name or "_val_" in name:  # would confuse the globs
-        raise DataError(f"--name={name!r} must be a plain folder name (without '/', '_train_' or '_val_')")
+    # shards are NAME_val_000000.bin: a name holding "_train_", or ending in "_train", would match *_train_*.bin
+    if name.startswith(".") or os.sep in name or any(f"_{s}_" in name + "_" for s in ("train", "val")):
+        raise DataError(f"--name={name!r} must be a plain folder name, without '/' and not containing or ending in "
+                        "'_train' or '_val'; give another --name")
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
             "text": lambda: text_documents(input)}[corpus]()
     with preparing(out_dir, name):

@@ -62,7 +62,7 @@ def atomic_write(path, write):
         if os.path.isfile(tmp):
             os.remove(tmp)
         kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise OSError(f"{reason} while writing {path}; {kept}") from None
 
 

@@ -8,8 +8,10 @@ import errno
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ import bench
 import rundir
 import sample
 import train
+from configurator import ConfigError, check, configure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--eval_iters=1",
@@ -77,6 +80,14 @@ def finished_run(workdir):
     (["--learning_rate=False"], "learning_rate=False is not allowed: it must be a number"),
     (["--learning_rate=fast"], "learning_rate='fast' is not allowed: it must be a number"),
     (["--decay_lr=yes"], "decay_lr='yes' is not allowed: it must be True or False"),
+    (["--eval_only=1"], "eval_only=1 is not allowed: it must be True or False"),  # a falsy default is typed too
+    (["--wandb_log=0"], "wandb_log=0 is not allowed: it must be True or False"),
+    (["--dropout=abc"], "dropout='abc' is not allowed: it must be a number"),
+    (["--gamma_init=abc"], "gamma_init='abc' is not allowed: it must be a number"),
+    (["--n_layer="], "n_layer='' is not allowed: it must be an integer"),
+    (["--compile=1"], "compile=1 is not allowed: it must be True or False"),  # None, or a bool
+    (["--lr_decay_iters=1.5"], "lr_decay_iters=1.5 is not allowed: it must be an integer"),
+    (["--learning_rate=-1e400"], "learning_rate=-inf is not allowed: it must be a finite number"),
     (["--lr_decay_iters=0"], "lr_decay_iters=0 is not allowed: it must be ≥ 1"),
     (["--out_dir="], "out_dir is empty"),
     (["--out_dir=  "], "out_dir is empty"),  # blanks are no directory name
@@ -87,6 +98,8 @@ def finished_run(workdir):
     (["--dataset=nothing_here"], "dataset data/nothing_here does not exist; prepare it with `python prepare_data.py"),
     (["--init_from=resume", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--eval_only=True", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
+    (["--init_from=gpt2"], "init_from='gpt2' needs GPT-2 tokens but dataset 'pydocs' uses the 'char' tokenizer; "
+                           "prepare it with --tokenizer=gpt2"),
 ])
 def test_bad_settings(workdir, args, words):
     assert words in train_error(*args)
@@ -102,6 +115,133 @@ def test_bad_config_files(workdir):
     (workdir / "leave.py").write_text("import sys\nsys.exit('bye')\n")
     assert "config file leave.py failed: SystemExit: bye" in train_error("leave.py")  # exiting is failing
     assert "unknown setting 'n_layers'; did you mean n_layer" in train_error("typo.py")
+    os.makedirs("folder.py")  # a directory is no config file
+    assert train_error("folder.py") == "error: config file 'folder.py' not found; pass a file like config/train_demo.py"
+
+
+@pytest.mark.parametrize("code, words", [
+    ("assert False\n", "AssertionError: "),  # no message at all: still one line
+    ("raise ValueError()\n", "ValueError: "),
+    ("import sys\nsys.exit()\n", "SystemExit: "),
+    ("raise ValueError('first line\\nsecond line')\n", "ValueError: first line"),  # only its first line
+])
+def test_config_files_failing_without_a_message_or_with_many_lines(workdir, code, words):
+    (workdir / "bad.py").write_text(code)
+    assert train_error("bad.py") == "error: config file bad.py failed: " + words
+
+
+def test_a_config_file_may_define_helpers_and_import(workdir):
+    """Functions, classes, modules and _private names in a config file are its tools, not settings."""
+    (workdir / "tools.py").write_text("import math\nfrom os.path import join\n_scale = 3\n"
+                                      "def layers(k):\n    return k * _scale\n"
+                                      "class Plan:\n    pass\n"
+                                      "n_layer = layers(2)\nout_dir = join('out', 'x')\nlearning_rate = 1e-3 * math.floor(1.5)\n")
+    c, given = train.parse_config(["tools.py"])
+    assert (c.n_layer, c.out_dir, c.learning_rate) == (6, "out/x", 1e-3)
+    assert given == {"n_layer", "out_dir", "learning_rate"}
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("count", "x", "count='x' is not allowed: it must be an integer"),
+    ("rate", "x", "rate='x' is not allowed: it must be a number"),
+    ("flag", 1, "flag=1 is not allowed: it must be True or False"),
+    ("name", 5, "name=5 is not allowed: it must be text"),
+    ("items", (1,), "items=(1,) is not allowed: it must be list"),  # a kind without a word: its type's name
+])
+def test_a_falsy_default_still_fixes_the_type(key, value, words):
+    """Defaults of 0, 0.0, False, '' or [] fix their setting's type like any other; only None leaves it open."""
+    defaults = {"count": 0, "rate": 0.0, "flag": False, "name": "", "items": [], "anything": None}
+    with pytest.raises(ConfigError) as e:
+        check(key, value, defaults, {})
+    assert str(e.value) == words
+    assert check("anything", value, defaults, {}) == value
+
+
+@pytest.mark.parametrize("key, ok, value, bad, words", [
+    ("batch_size", "1", 1, "0", "batch_size=0 is not allowed: it must be ≥ 1"),
+    ("block_size", "1", 1, "0", "block_size=0 is not allowed: it must be ≥ 1"),
+    ("eval_interval", "1", 1, "0", "eval_interval=0 is not allowed: it must be ≥ 1"),
+    ("log_interval", "1", 1, "0", "log_interval=0 is not allowed: it must be ≥ 1"),
+    ("eval_iters", "1", 1, "0", "eval_iters=0 is not allowed: it must be ≥ 1"),
+    ("max_iters", "1", 1, "0", "max_iters=0 is not allowed: it must be ≥ 1"),
+    ("gradient_accumulation_steps", "1", 1, "0", "gradient_accumulation_steps=0 is not allowed: it must be ≥ 1"),
+    ("warmup_iters", "0", 0, "-1", "warmup_iters=-1 is not allowed: it must be ≥ 0"),
+    ("learning_rate", "0", 0.0, "-1e-09", "learning_rate=-1e-09 is not allowed: it must be ≥ 0.0"),  # 0: a float
+    ("min_lr", "0", 0.0, "-1e-09", "min_lr=-1e-09 is not allowed: it must be ≥ 0.0"),
+    ("weight_decay", "0", 0.0, "-1e-09", "weight_decay=-1e-09 is not allowed: it must be ≥ 0.0"),
+    ("grad_clip", "0", 0.0, "-1e-09", "grad_clip=-1e-09 is not allowed: it must be ≥ 0.0"),
+    ("op_lr_scale", "0", 0.0, "-1e-09", "op_lr_scale=-1e-09 is not allowed: it must be ≥ 0.0"),
+    ("beta1", "0", 0.0, "-0.01", "beta1=-0.01 is not allowed: it must be in [0.0, 1.0)"),
+    ("beta1", "0.999", 0.999, "1", "beta1=1.0 is not allowed: it must be in [0.0, 1.0)"),
+    ("beta2", "0.0", 0.0, "-0.01", "beta2=-0.01 is not allowed: it must be in [0.0, 1.0)"),
+    ("seed", "4294967295", 4294967295, "4294967296", "seed=4294967296 is not allowed: it must be in [0, 4294967296)"),
+    ("lr_decay_iters", "1", 1, "0", "lr_decay_iters=0 is not allowed: it must be ≥ 1"),
+    ("lr_decay_iters", "None", None, "'10'", "lr_decay_iters='10' is not allowed: it must be an integer"),
+    ("compile", "None", None, "'yes'", "compile='yes' is not allowed: it must be True or False"),
+    ("device", "cuda:12", "cuda:12", "cuda:", "device='cuda:' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
+    ("device", "mps", "mps", "cuda:x", "device='cuda:x' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
+    ("device", "cpu", "cpu", "cpu:0", "device='cpu:0' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
+    ("dtype", "bfloat16", "bfloat16", "bf16", "dtype='bf16' is not allowed: choose one of auto, float32, bfloat16, float16"),
+    ("init_from", "gpt2-xl", "gpt2-xl", "gpt2-xxl", "init_from='gpt2-xxl' is not allowed: use scratch, resume, gpt2, "
+     "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
+    ("init_from", HERE, HERE, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "  # a directory
+     "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
+    ("dataset", "2024", "2024", "''", "dataset is empty: give a value"),  # a text setting keeps numbers as text
+])
+def test_the_boundaries_of_train_settings(key, ok, value, bad, words):
+    """The last allowed value is taken, with its setting's type; the first one past it is refused by name."""
+    got = getattr(train.parse_config([f"--{key}={ok}"])[0], key)
+    assert got == value and type(got) is type(value)
+    with pytest.raises(ConfigError) as e:
+        train.parse_config([f"--{key}={bad}"])
+    assert str(e.value) == words
+
+
+def test_numbers_of_other_types_are_converted_and_non_finite_ones_refused(workdir):
+    """An int where a float is meant and numpy's numbers become the setting's type; NaN and 2.0 for an int do not."""
+    (workdir / "np.py").write_text("import numpy as np\nn_layer = np.int64(3)\ndropout = np.float32(0.5)\nlearning_rate = 1\n")
+    c, _ = train.parse_config(["np.py"])
+    assert [(v, type(v)) for v in (c.n_layer, c.dropout, c.learning_rate)] == [(3, int), (0.5, float), (1.0, float)]
+    (workdir / "nan.py").write_text("learning_rate = float('nan')\n")
+    assert train_error("nan.py") == "error: learning_rate=nan is not allowed: it must be a finite number"
+    (workdir / "two.py").write_text("n_layer = 2.0\n")
+    assert train_error("two.py") == "error: n_layer=2.0 is not allowed: it must be an integer"
+
+
+def test_the_command_line_beats_config_files_wherever_it_stands(workdir):
+    """Config files in their order, then every --key=value, even one written before the files."""
+    (workdir / "a.py").write_text("n_layer = 3\nn_head = 3\nbatch_size = 5\n")
+    (workdir / "b.py").write_text("n_head = 4\n")
+    c, given = train.parse_config(["--n_layer=5", "a.py", "b.py", "--wandb_run_name=None", "--lr_decay_iters=None",
+                                   "--op=laplacian"])
+    assert (c.n_layer, c.n_head, c.batch_size) == (5, 4, 5)
+    assert (c.wandb_run_name, c.lr_decay_iters, c.op) == ("None", None, "laplacian")  # text stays text; bare words
+    assert given == {"n_layer", "n_head", "batch_size", "wandb_run_name", "lr_decay_iters", "op"}
+
+
+@pytest.mark.parametrize("text", ["{[1]: 2}", "-" * 100_000 + "1"], ids=["unhashable key", "nested too deep"])
+def test_a_value_python_cannot_evaluate_is_text(text):
+    c, _ = train.parse_config([f"--wandb_run_name={text}"])
+    assert c.wandb_run_name == text
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_setting_and_exits_0(monkeypatch, capsys, flag):
+    """--help wins over everything else given: the script's docstring, then each setting with its default."""
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("script", "Run the script like this.\n"))
+    with pytest.raises(SystemExit) as e:
+        configure({"n_layer": 12, "out_dir": "out/run"}, ["--n_layer=oops", flag], files=False)
+    assert e.value.code == 0
+    assert capsys.readouterr().out == ("Run the script like this.\n\nsettings and their defaults:\n"
+                                       "  --n_layer=12\n  --out_dir='out/run'\n")
+
+
+@pytest.mark.parametrize("arg, line", [
+    ("--zzzz=1", "error: unknown setting 'zzzz'; python SCRIPT --help lists them all"),
+    ("--learnin_rate=1", "error: unknown setting 'learnin_rate'; did you mean learning_rate, learn_gamma, learn_delta?"),
+])
+def test_unknown_settings_suggest_up_to_three_or_point_at_help(workdir, arg, line):
+    assert train_error(arg) == line
 
 
 def test_wandb_missing(workdir):
@@ -114,6 +254,61 @@ def test_no_cuda_here(workdir):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert "device='cuda' but this torch has no CUDA" in train_error("--device=cuda")
+
+
+@pytest.mark.parametrize("dtype, want", [("auto", "float32"), ("float32", "float32"), ("bfloat16", "bfloat16")])
+def test_dtypes_on_cpu(dtype, want):
+    """auto is float32 on a CPU; bfloat16 runs there too (only float16 does not)."""
+    assert train.pick_device_and_dtype(types.SimpleNamespace(device="cpu", dtype=dtype), None) == ("cpu", "cpu", want)
+
+
+def test_no_mps_here(workdir):
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    assert train_error("--device=mps") == "error: device='mps' but this torch has no MPS or sees no such device; use --device=cpu"
+
+
+def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
+    def interrupted(cfg, given):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "train", interrupted)
+    with pytest.raises(SystemExit) as e:
+        train.main(TINY)
+    assert e.value.code == "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
+
+
+def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypatch):
+    """Under torchrun, gradient_accumulation_steps must split among the processes; rank 0 prints why, others exit 1."""
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(k, v)
+    assert train_error("--gradient_accumulation_steps=3") == (
+        "error: gradient_accumulation_steps=3 must be a multiple of the number of processes (2)")
+    def reached(cfg, local_rank):  # stop before any process group is made
+        raise ConfigError(f"on to the device, local_rank={local_rank}")
+    monkeypatch.setattr(train, "pick_device_and_dtype", reached)
+    assert train_error("--gradient_accumulation_steps=4") == "error: on to the device, local_rank=0"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as e:
+        train.main(TINY + ["--gradient_accumulation_steps=3"])
+    assert e.value.code == 1  # silent: the line is printed once, by rank 0
+
+
+def test_resume_rechecks_the_checkpoints_settings_and_stays_where_the_run_is(finished_run):
+    """A resumed run's settings come from its checkpoint and are checked again (a setting this code no longer has
+    is skipped, a bad value refused); out_dir is where the run is now, not where it was trained."""
+    ckpt = torch.load(f"{finished_run}/ckpt.pt", weights_only=True)
+    warmup = ckpt["config"]["warmup_iters"]
+    ckpt["config"].update(warmup_iters=-1, retired_setting=1)
+    torch.save(ckpt, f"{finished_run}/ckpt.pt")
+    assert train_error(f"--out_dir={finished_run}", "--init_from=resume", "--max_iters=4") == (
+        "error: warmup_iters=-1 is not allowed: it must be ≥ 0")
+    ckpt["config"]["warmup_iters"] = warmup
+    torch.save(ckpt, f"{finished_run}/ckpt.pt")
+    os.rename(finished_run, "out/run")  # moved to the default out_dir, so no --out_dir is given
+    train.main(TINY + ["--init_from=resume", "--max_iters=4"])
+    assert torch.load("out/run/ckpt.pt", weights_only=True)["iter_num"] == 4
+    assert not os.path.exists(finished_run)
 
 
 # --- train.py: the run directory --------------------------------------------------------------------------------
@@ -214,6 +409,130 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys)
     assert open("out/busy/lock").read() == ""  # a run that finishes leaves no process behind in the lock
 
 
+def test_locking_again_in_one_process_and_unlocking_releases(workdir, capsys):
+    """A process may lock its own run again; a lock held by another writer is refused; unlocking lets others in."""
+    import fcntl
+    os.makedirs("out/l")
+    open("out/l/lock", "w").write(str(os.getpid()))  # our own: no note about a run that stopped
+    rundir.lock_run_dir("out/l")
+    rundir.lock_run_dir("out/./l")  # the same directory by another name: already ours
+    assert "note" not in capsys.readouterr().out
+    other = open("out/l/lock", "a+")  # another open file: flock sees another writer
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    rundir.unlock_run_dir("out/l")
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    with pytest.raises(ConfigError) as e:
+        rundir.lock_run_dir("out/l")
+    assert str(e.value) == "out/l is in use by another run (process ?); wait for it to finish or choose another --out_dir"
+    other.close()
+    rundir.lock_run_dir("out/l")  # locked anew: the file names this process again
+    assert open("out/l/lock").read() == str(os.getpid())
+    rundir.unlock_run_dir("out/l")
+
+
+@pytest.mark.parametrize("error, reason", [
+    (OSError("quota exceeded"), "OSError: quota exceeded"),  # no strerror: its type and text
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded"),
+    (RuntimeError("first line\nsecond line"), "RuntimeError: first line"),
+    (MemoryError(), "MemoryError: "),  # no message at all
+])
+def test_a_failed_first_write_leaves_nothing(workdir, error, reason):
+    def fail(tmp):
+        open(tmp, "wb").write(b"half a file")
+        raise error
+    with pytest.raises(OSError) as e:
+        rundir.atomic_write("new.json", fail)
+    assert str(e.value) == f"{reason} while writing new.json; nothing was written"
+    assert os.listdir(".") == []
+
+
+@pytest.mark.parametrize("log, ckpt, holds", [
+    (None, False, False),
+    ("", False, False),
+    ("\n\n", False, False),  # blank lines record nothing
+    ('{"event": "start", "iter": 0}\n\n', False, False),
+    ('{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n', False, True),
+    ('"start"\n', False, True),  # JSON, but no record train.py writes
+    ("[1, 2]\n", False, True),
+    (None, True, True),  # a checkpoint alone is a run
+])
+def test_what_counts_as_a_run(workdir, log, ckpt, holds):
+    os.makedirs("out/r")
+    if log is not None:
+        open("out/r/log.jsonl", "w").write(log)
+    if ckpt:
+        open("out/r/ckpt.pt", "wb").write(b"")
+    assert rundir.holds_a_run("out/r") is holds
+
+
+
+def test_trim_log_keeps_what_the_checkpoint_saw(workdir):
+    """Resuming at iter 2 keeps the records up to iter 2 inclusive; later ones, the 'done' and a last line cut
+    off by a crash go; a last line that lost only its newline is kept, with one."""
+    records = [{"event": "start", "iter": 0}, {"event": "eval", "iter": 0}, {"event": "train", "iter": 2},
+               {"event": "eval", "iter": 2}, {"event": "train", "iter": 3}, {"event": "done", "iter": 2}]
+    open("log.jsonl", "w").write("".join(json.dumps(r) + "\n" for r in records) + '{"event": "tr')
+    rundir.trim_log("log.jsonl", 2)
+    assert [json.loads(line) for line in open("log.jsonl")] == records[:4]
+    open("log.jsonl", "w").write(json.dumps(records[0]) + "\n" + json.dumps(records[2]))
+    rundir.trim_log("log.jsonl", 2)
+    assert open("log.jsonl").read() == json.dumps(records[0]) + "\n" + json.dumps(records[2]) + "\n"
+
+
+def test_git_commit_names_the_code_that_ran(tmp_path, monkeypatch):
+    """The commit, with '+' when a tracked file differs from it (untracked files do not count); None outside git."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed here")
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                              cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    monkeypatch.setattr(rundir, "__file__", str(tmp_path / "rundir.py"))
+    assert rundir.git_commit() is None
+    (tmp_path / "rundir.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", "rundir.py")
+    git("commit", "-q", "-m", "c")
+    sha = git("log", "-1", "--format=%H").strip()
+    assert rundir.git_commit() == sha
+    (tmp_path / "notes.txt").write_text("untracked")
+    assert rundir.git_commit() == sha
+    (tmp_path / "rundir.py").write_text("x = 2\n")
+    assert rundir.git_commit() == sha + "+"
+    for error in (FileNotFoundError(errno.ENOENT, "No such file or directory: 'git'"), subprocess.TimeoutExpired("git", 10)):
+        def no_git(*args, **kwargs):
+            raise error
+        monkeypatch.setattr(rundir.subprocess, "run", no_git)
+        assert rundir.git_commit() is None
+
+
+def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, monkeypatch):
+    log = rundir.RunLog(".")
+    log.write({"event": "start", "iter": 0})
+    log.write({"event": "train", "iter": 1})
+    assert open("log.jsonl").read() == '{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n'  # not closed yet
+    log.write({"event": "train", "iter": 2})
+    log.file.close()
+    resumed = rundir.RunLog(".", resume_iter=1)
+    resumed.write({"event": "start", "iter": 1})
+    resumed.file.close()
+    assert [json.loads(line)["iter"] for line in open("log.jsonl")] == [0, 1, 1]
+    rundir.RunLog(".").file.close()  # a new run starts a new log
+    assert open("log.jsonl").read() == ""
+    calls = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
+        init=lambda **kwargs: calls.append(("init", kwargs)), log=lambda data, step: calls.append(("log", data, step))))
+    log = rundir.RunLog(".", wandb_run={"project": "p", "name": "n"})
+    for record in ({"event": "start", "iter": 0, "commit": "abc"}, {"event": "train", "iter": 1, "loss": 2.5},
+                   {"event": "eval", "iter": 2, "val_loss": 3.0, "gamma": [[0.0]], "delta": [[1.0]]},
+                   {"event": "done", "iter": 2, "best_val_loss": 3.0}):
+        log.write(record)
+    log.file.close()
+    assert calls == [("init", {"project": "p", "name": "n"}), ("log", {"iter": 1, "loss": 2.5}, 1),
+                     ("log", {"iter": 2, "val_loss": 3.0}, 2)]  # numbers only, at their iteration
+
+
 @pytest.mark.parametrize("error, words", [
     (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
     (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),  # torch.save's
@@ -265,6 +584,27 @@ def test_bad_checkpoints(workdir, content, words):
     assert words in train_error("--init_from=resume", "--out_dir=out/bad", "--max_iters=4")
     assert not os.path.exists("pwned")
 
+@pytest.mark.parametrize("content, words", [
+    (5, "lacks best_val_loss, config, iter_num, loader, meta, model, model_args, optimizer, tokens"),
+    ({**GOOD, "config": {}}, "has entries this train.py did not write (loader, config)"),
+    ({**GOOD, "iter_num": 2.0, "tokens": True}, "has entries this train.py did not write (iter_num, tokens)"),
+])
+def test_checkpoint_entries_are_checked_before_use(workdir, content, words):
+    torch.save(content, "ckpt.pt")
+    with pytest.raises(ConfigError) as e:
+        rundir.load_checkpoint("ckpt.pt")
+    assert str(e.value).startswith(f"checkpoint ckpt.pt {words}")
+
+
+def test_a_good_checkpoint_loads_and_a_directory_is_none(workdir):
+    torch.save(GOOD, "ckpt.pt")
+    assert rundir.load_checkpoint("ckpt.pt") == GOOD
+    os.makedirs("run/ckpt.pt")
+    with pytest.raises(ConfigError) as e:
+        rundir.load_checkpoint("run/ckpt.pt")
+    assert str(e.value) == ("no checkpoint at run/ckpt.pt; train a run there first (--init_from=scratch) "
+                            "or point --out_dir at an existing run")
+
 
 def test_dataset_without_meta_json(workdir):
     from dataloader import write_shard
@@ -308,9 +648,33 @@ def test_sample_on_a_cpu_only_machine(finished_run):
     (["--what=nanogpt", "--nanogpt=" + __file__], "defines no GPT and GPTConfig"),
     (["--what=speed"], "what='speed' is not allowed: choose one of ops, nanogpt, gpt2_step"),
     (["--ops=softmax"], "softmax/sdpa/T=256 failed: ValueError: op='softmax' is not allowed"),
+    (["--batch_size=0"], "batch_size=0 is not allowed: it must be ≥ 1"),
+    (["--iters=0"], "iters=0 is not allowed: it must be ≥ 1"),
+    (["--block_sizes=128,"], "block_sizes='128,' is not allowed: give integers like 128,256"),
+    (["--block_sizes=1.5"], "block_sizes='1.5' is not allowed: give integers like 128,256"),
+    (["bench_config.py"], "unexpected argument 'bench_config.py': settings look like --key=value"),  # no config files
 ])
 def test_bench_bad_inputs(args, words):
     assert words in one_line_error(bench.main, ["--iters=1", "--repeats=1", *args])
+
+
+def test_bench_checks_the_nanogpt_file(workdir):
+    where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
+    (workdir / "notes.txt").write_text("class GPT: pass\nclass GPTConfig: pass\n")
+    (workdir / "boom.py").write_text("1 / 0\n")
+    (workdir / "half.py").write_text("class GPT: pass\n")
+    os.makedirs("folder.py")
+    bad = lambda path: one_line_error(bench.main, ["--what=nanogpt", f"--nanogpt={path}"])
+    assert bad("notes.txt") == f"error: nanogpt='notes.txt' is not a Python file: {where}"
+    assert bad("folder.py") == f"error: nanogpt='folder.py' is not a Python file: {where}"
+    assert bad("boom.py") == f"error: nanogpt='boom.py' failed to load (ZeroDivisionError): {where}"
+    assert bad("half.py") == f"error: nanogpt='half.py' defines no GPT and GPTConfig: {where}"
+
+
+def test_bench_gpt2_step_needs_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert one_line_error(bench.main, ["--what=gpt2_step"]) == "error: what=gpt2_step needs a CUDA GPU"
 
 
 @pytest.mark.parametrize("script, args, words", [

@@ -1,6 +1,7 @@
 """Tests for corridor.py on synthetic run directories with known values. Run: python -m pytest -q test_corridor.py"""
 import json
 import math
+import sys
 
 import pytest
 
@@ -517,6 +518,20 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
                     RUN, "log.jsonl:1: gamma and delta must both be non-empty"),
     "val_loss a bool": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val_loss": true'), RUN,
                         "log.jsonl:1: eval record's 'val_loss' must be a number, not True"),
+    "gamma one flat list": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
+                                           '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
+                                           '"gamma": [0.0, 0.0], "delta": [1.0, 1.0]'), RUN,
+                            "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
+    "delta of another shape": (lambda d: edit(d / "log.jsonl", '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
+                                              '"delta": [[1.0, 1.0, 1.0, 1.0]]'), RUN,
+                               "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
+    "iter a string": (lambda d: edit(d / "log.jsonl", '"iter": 0,', '"iter": "0",'), RUN,
+                      "log.jsonl:1: eval record's 'iter' must be a number, not '0'"),
+    "eval without val_loss": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val": 3.0'), RUN,
+                              "log.jsonl:1: eval record has no 'val_loss'"),
+    "two evals at one iter": (lambda d: edit(d / "log.jsonl", '"iter": 100, "tokens": 204800, "train_loss"',
+                                             '"iter": 0, "tokens": 204800, "train_loss"'), RUN,
+                              "the eval at iter 0 does not follow the one at iter 0"),
     "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
     "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
                           "run_s0: Is a directory"),
@@ -559,3 +574,95 @@ def test_a_diverged_run_is_reported_not_hidden(tmp_path, capsys):
     assert (s["best_val"], s["best_iter"]) == (2.0, 100) and math.isnan(s["final_val"])
     assert corridor.main([d]) == 0
     assert "the val loss became nan at iter 200: the run diverged" in capsys.readouterr().err
+
+
+# --- the one-run report, and what it leaves out
+
+def test_one_layer_run_has_no_share_beyond_layer_1(tmp_path, capsys, no_figures):
+    """A one-layer run has no heads beyond layer 1: that share is undefined (None), not 0 of 0 heads (NaN)."""
+    d = make_run(tmp_path, "one_s0", gamma=[[-0.5, 0.5, -0.2, 0.0]], delta=[[1.0] * 4],
+                 tail=json.dumps({"event": "train", "iter": 250, "tokens": 512000, "loss": 2.4}) + "\n")
+    s = corridor.summarize(corridor.load_run(d))
+    assert (s["n_layer"], s["n_in"], s["frac_in"]) == (1, 2, 0.5)
+    assert s["n_in_deep"] is None and s["frac_deep"] is None
+    assert corridor.main([d]) == 0
+    out = capsys.readouterr().out
+    assert "   tokens 512,000, iter 250; val loss best 2.0000 (iter 100), final 2.5000 (iter 200)\n" in out
+    assert "   γ ∈ (−1, 0): 2/4 heads (50%) overall, no layers beyond layer 1\n" in out
+    two = corridor.summarize(corridor.load_run(make_run(tmp_path, "two_s0", **TWO_LAYERS)))  # two layers: defined
+    assert (two["n_in_deep"], two["frac_deep"]) == (2, 0.5)
+
+
+def test_comparison_tables_only_when_there_is_something_to_compare(tmp_path, capsys, no_figures):
+    """One run: its summary only. Several runs, one seed per setting: the table by val loss, no seed groups."""
+    mix = make_run(tmp_path, "mix_s0")
+    assert corridor.main([mix]) == 0
+    out = capsys.readouterr().out
+    assert "== mix_s0  (mix seed=0)" in out and "== runs by" not in out and "== seed groups" not in out
+    attn = make_run(tmp_path, "attn_s0", op="attention", gamma=[[0.0] * 4] * 3, delta=[[1.0] * 4] * 3)
+    assert corridor.main([mix, attn]) == 0
+    out = capsys.readouterr().out
+    assert "== runs by final val loss" in out and "== seed groups" not in out
+
+
+@pytest.mark.parametrize("extra, unfinished", [
+    ({"max_iters": 5000}, True),
+    ({"max_iters": 5000, "eval_only": True}, False),  # an evaluation of a checkpoint: not a run still going
+    ({"max_iters": 200}, False),  # the last allowed: final eval at max_iters
+    ({"max_iters": 201}, True),
+    ({}, False),  # an older config without max_iters
+])
+def test_unfinished_is_said_only_of_runs_short_of_max_iters(tmp_path, capsys, no_figures, extra, unfinished):
+    d = make_run(tmp_path, "mix_s0", **extra)
+    assert corridor.main([d]) == 0
+    out = capsys.readouterr().out
+    assert ("final 2.5000 (iter 200); unfinished, max_iters is " in out) == unfinished
+    assert ("final 2.5000 (iter 200)\n" in out) != unfinished
+
+
+def test_p_values_print_fixed_then_scientific():
+    """p ≥ 1e-4 prints with 4 decimals, smaller ones in scientific notation (a 0.0000 would hide them)."""
+    assert corridor.fmt_p(1e-4) == "0.0001" and corridor.fmt_p(0.25) == "0.2500" and corridor.fmt_p(1.0) == "1.0000"
+    assert corridor.fmt_p(9e-5) == "9.0e-05" and corridor.fmt_p(3.2e-9) == "3.2e-09"
+    assert corridor.fmt_p(None) == corridor.fmt(None) == "n/a" and corridor.fmt(-0.25) == "-0.2500"
+
+
+def test_experiment_ignores_only_what_cannot_change_the_result():
+    """Seed, output folder, device, torch.compile and wandb settings do not make another experiment."""
+    cfg = {"op": "mix", "seed": 3, "out_dir": "out/x", "device": "cuda", "compile": True, "wandb_log": True,
+           "wandb_run_name": "r", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
+    assert corridor.experiment(cfg) == {"op": "mix", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
+    assert json.loads(corridor.baseline_key(cfg)) == {"n_layer": 2, "max_iters": 100}  # op and its controls go too
+
+
+def test_which_runs_learn_gamma(tmp_path):
+    """attention and laplacian have nothing to learn; mix learns γ unless learn_gamma=False (absent: the default)."""
+    assert corridor.FIXED_OPS == ("attention", "laplacian")
+    run = corridor.load_run(make_run(tmp_path, "mix_s0"))
+    assert corridor.learns_gamma(run)
+    del run["config"]["learn_gamma"]  # a config written before the control existed
+    assert corridor.learns_gamma(run)
+    run["config"]["learn_gamma"] = False
+    assert not corridor.learns_gamma(run)
+    for op, expected in (("mix_alpha", True), ("mix_ab", True), ("attention", False), ("laplacian", False)):
+        run["config"] = {"op": op}
+        assert corridor.learns_gamma(run) is expected, op
+
+
+def test_val_loss_figure_by_iteration_when_a_log_has_no_tokens(tmp_path):
+    """The x axis is tokens only when every eval record has them; otherwise iterations."""
+    d = make_run(tmp_path, "old_s0", **TWO_LAYERS)
+    edit(tmp_path / "old_s0" / "log.jsonl", '"iter": 0, "tokens": 0, ', '"iter": 0, ')  # the first eval has none
+    runs = [corridor.load_run(d), corridor.load_run(make_run(tmp_path, "new_s1", seed=1, **TWO_LAYERS))]
+    lines, step, _ = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
+    assert step == "iter" and lines[1][1] == {0: 3.0, 100: 2.0, 200: 2.5}
+
+
+def test_without_matplotlib_tables_and_csv_still_come(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    d, csv = make_run(tmp_path, "mix_s0"), tmp_path / "runs.csv"
+    assert corridor.main([d, f"--csv={csv}"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "warning: matplotlib is not installed (pip install matplotlib), so no figures\n"
+    assert "== mix_s0" in captured.out and f"wrote {csv}\n" in captured.out and ".png" not in captured.out
+    assert csv.read_text().splitlines()[1] == "mix,0,200,2.5,unknown"

@@ -8,6 +8,7 @@ and the Hugging Face hub by FakeHub, which serves small files the tests write.
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -114,6 +115,49 @@ def test_vocab_check_is_exact(tmp_path):
         dl.read_shard(path, vocab_size=50)
 
 
+def test_an_empty_shard_is_just_a_header_and_a_shorter_file_is_refused(tmp_path):
+    """A shard of 0 tokens is the 1024-byte header alone, read back (vocab check included) as no tokens; a file
+    one byte shorter than the header is not a shard."""
+    path = str(tmp_path / "x_train_000001.bin")
+    dl.write_shard(path, np.array([], dtype=np.uint16))
+    assert os.path.getsize(path) == 1024 and np.fromfile(path, dtype="<i4", count=3).tolist() == [20240520, 1, 0]
+    assert dl.read_shard(path).tolist() == [] and dl.read_shard(path, vocab_size=10).tolist() == []
+    with open(path, "r+b") as f:
+        f.truncate(1023)
+    with pytest.raises(DataError, match="x_train_000001.bin: 1023 bytes is too small for the 1024-byte shard header"
+                       ) as excinfo:
+        dl.read_shard(path)
+    one_line_error(excinfo)
+
+
+class CloseFails:
+    """A file whose buffered data only fails to reach the disk when it is closed (a full disk shows there); as
+    with a real file, it is closed all the same, and closing it again does nothing."""
+    def __init__(self, file):
+        self.file = file
+
+    def seek(self, offset):
+        self.file.seek(offset)
+
+    def write(self, data):
+        self.file.write(data)
+
+    def close(self):
+        if not self.file.closed:
+            self.file.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_shard_file_leaves_nothing_when_closing_fails(tmp_path):
+    path = str(tmp_path / "x_train_000001.bin")
+    shard = dl.ShardFile(path)
+    shard.write([1, 2, 3])
+    shard.file = CloseFails(shard.file)
+    with pytest.raises(OSError, match="No space left"):
+        shard.close()
+    assert os.listdir(tmp_path) == []  # neither the .tmp nor a shard under the real name
+
+
 class FullDisk:
     """A file whose writes fail as on a full disk."""
     def write(self, data):
@@ -165,6 +209,48 @@ def test_char_vocabulary_error():
         encode("abz")
 
 
+def test_byte_and_gpt2_decoding_skip_padding_ids(tiny_enc):
+    """A model's vocab_size is padded past the tokenizer's: an untrained one samples those ids, and decoding
+    skips them; bytes that are not UTF-8 become U+FFFD instead of failing."""
+    encode, decode = pd.get_tokenizer({"tokenizer": "byte", "vocab_size": 256})
+    assert encode("hé") == [104, 195, 169]
+    assert decode([104, 256, 195, 169, 300, 255]) == "hé\ufffd"  # 255 is the last byte: kept, and not UTF-8
+    encode, decode = pd.get_tokenizer({"tokenizer": "gpt2", "vocab_size": 257})
+    assert encode("<|endoftext|>hi") == [256, 104, 105]
+    assert decode([256, 104, 257, 105, 1000]) == "<|endoftext|>hi"  # 256 is end-of-text, the last real id
+
+
+def test_unknown_tokenizer_and_offline_gpt2_are_one_line(monkeypatch):
+    with pytest.raises(DataError, match=r"^unknown tokenizer 'bpe' in meta.json \(expected char, byte or gpt2\)$"):
+        pd.get_tokenizer({"tokenizer": "bpe"})
+
+    def offline(name):
+        raise ConnectionError("no network")
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(DataError, match=r"could not load tiktoken's GPT-2 vocabulary \(ConnectionError\); .*needs "
+                                        r"internet; offline, use a char or byte dataset \(--tokenizer=char\|byte\)"
+                       ) as excinfo:
+        pd.get_tokenizer({"tokenizer": "gpt2"})
+    one_line_error(excinfo)
+
+
+@pytest.mark.parametrize("docs, val_fraction, train, val", [
+    (["0123456789"], 0.1, ["012345678"], ["9"]),  # one document: cut inside it, 90/10 like nanoGPT
+    (["abcd", "efgh"], 0.5, ["abcd"], ["efgh"]),  # the cut falls between documents: none is split, none empty
+    (["abc", "defgh"], 0.5, ["abc", "d"], ["efgh"]),  # 8 * 0.5 = 4 characters for train
+    (["ab", "cd", "ef", "gh", "ij"], 0.25, ["ab", "cd", "ef", "g"], ["h", "ij"]),  # int(7.5) = 7
+    (["abcdefghij"], 0.05, ["abcdefghi"], ["j"])])  # int(9.5) = 9: the cut rounds down, val gets the rest
+def test_split_documents_cuts_at_the_last_val_fraction(docs, val_fraction, train, val):
+    assert pd.split_documents(docs, val_fraction) == (train, val)
+
+
+def test_text_folder_without_txt_files(tmp_path):
+    (tmp_path / "notes.md").write_text("not a .txt file", encoding="utf-8")
+    with pytest.raises(DataError, match=f"^no .txt files in folder {tmp_path}; put one document per .txt file there$"):
+        pd.prepare("text", input=str(tmp_path), out_dir=str(tmp_path / "data"))
+    assert not os.path.exists(tmp_path / "data")
+
+
 def test_text_folder(tmp_path):
     folder = tmp_path / "books"
     folder.mkdir()
@@ -200,6 +286,66 @@ def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_p
         writer.add(doc)
     writer.close()
     assert [dl.read_shard(f).tolist() for f in writer.files] == [[1, 2, 3, 4, 5], [6, 7]]
+
+
+def test_char_vocabulary_up_to_65536_symbols(tmp_path):
+    """uint16 ids hold 65,536 characters (the separator included): that many is a dataset, one more is refused
+    with a way out, and nothing is written."""
+    chars = [chr(c) for c in range(0x20, 0x20000) if not 0xD800 <= c < 0xE000][:65536]  # no newline, no surrogate
+    data_dir = pd.prepare_documents("big", ["".join(chars[:65535])], str(tmp_path), val_fraction=0.5)
+    meta = dl.load_meta(data_dir)
+    assert meta["vocab_size"] == len(meta["chars"]) == 65536
+    assert max(all_tokens(data_dir, "val")) == 65535  # the last character gets the last id
+    assert pd.get_tokenizer(meta)[1](all_tokens(data_dir, "val")) == "".join(chars[32767:65535])
+    with pytest.raises(DataError, match="^big2: 65,537 distinct characters do not fit uint16; use --tokenizer=byte$"):
+        pd.prepare_documents("big2", ["".join(chars)], str(tmp_path), val_fraction=0.5)
+    assert not os.path.exists(tmp_path / "big2")
+
+
+@pytest.mark.parametrize("docs, val_fraction, message", [
+    ([], 0.1, "^e: the corpus is empty; give it some text$"),
+    (["", ""], 0.1, "^e: the corpus is empty; give it some text$"),
+    (["abcdefghij"], 1e-17, "^e: the val split is empty; the corpus is too small for --val_fraction$"),  # 1 - 1e-17 == 1
+    (["abcdefghij"], 0.95, "^e: the train split is empty; the corpus is too small for --val_fraction$")])  # int(0.5)
+def test_a_corpus_too_small_to_split_is_one_line(tmp_path, docs, val_fraction, message):
+    with pytest.raises(DataError, match=message):
+        pd.prepare_documents("e", docs, str(tmp_path), val_fraction=val_fraction)
+    assert not os.path.exists(tmp_path / "e") and not os.path.exists(tmp_path / ".e.staging")
+    meta = dl.load_meta(pd.prepare_documents("e", ["abcdefghij"], str(tmp_path), val_fraction=0.85))
+    assert meta["tokens"] == {"val": 9, "train": 1}  # one character is enough
+
+
+def test_meta_of_each_tokenizer(tmp_path, tiny_enc, capsys):
+    """What sample.py and train.py need to decode and size the model, and the summary printed at the end."""
+    metas = {tok: dl.load_meta(pd.prepare_documents(tok, DOCS, str(tmp_path), tok, val_fraction=0.3))
+             for tok in ("char", "byte", "gpt2")}
+    assert metas["byte"]["vocab_size"] == 256 and "chars" not in metas["byte"] and "eot_token" not in metas["byte"]
+    assert metas["gpt2"]["vocab_size"] == 257 and metas["gpt2"]["eot_token"] == 256 and "chars" not in metas["gpt2"]
+    assert metas["char"]["chars"] == "".join(sorted(set("\n".join(DOCS))))
+    train, val = pd.split_documents(DOCS, 0.3)
+    assert metas["byte"]["tokens"] == {"val": len("\n\n".join(val).encode()), "train": len("\n\n".join(train).encode())}
+    out = capsys.readouterr().out
+    chars = [sum(map(len, split)) for split in (train, val)]
+    assert f"char: 3 documents, {chars[0]} train / {chars[1]} val characters" in out
+    n = metas["char"]["tokens"]
+    assert f"char: {n['val']} val tokens, {n['train']} train tokens; vocabulary char with {len(metas['char']['chars'])} " \
+           f"symbols\nwrote 2 shards + meta.json to {tmp_path / 'char'} in " in out
+
+
+def test_shard_writer_numbers_val_from_0_and_train_from_1(tmp_path):
+    """llm.c's numbering: NAME_val_000000.bin, NAME_val_000001.bin, ...; NAME_train_000001.bin, ...; a shard is
+    closed as soon as it is full, and adding nothing never makes an empty one."""
+    for split, first in (("val", 0), ("train", 1)):
+        writer = pd.ShardWriter(str(tmp_path), "n", split, shard_size=3)
+        for tokens in ([], np.arange(4), [], [4, 5, 6, 7, 8], []):
+            writer.add(tokens)
+        writer.close()
+        writer.close()  # closing twice changes nothing
+        assert [os.path.basename(f) for f in writer.files] == [f"n_{split}_{first + i:06d}.bin" for i in range(3)]
+        assert [dl.read_shard(f).tolist() for f in writer.files] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+        assert writer.tokens == 9
+    assert sorted(os.listdir(tmp_path)) == [f"n_train_00000{i}.bin" for i in (1, 2, 3)] + \
+        [f"n_val_00000{i}.bin" for i in (0, 1, 2)]  # no .tmp, no empty shard
 
 
 def test_shakespeare_offline(tmp_path, monkeypatch):
@@ -285,10 +431,70 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
     assert os.listdir(tmp_path) == [".pydocs.lock"]  # no staging folder, no .tmp, no dataset
 
 
+@pytest.mark.parametrize("error, message", [
+    (PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.bin"), "^Permission denied: /somewhere/x.bin$"),
+    (OSError(errno.EIO, "Input/output error"), "^Input/output error: {out}$")])  # no file named: the out_dir
+def test_other_file_system_errors_are_one_line(tmp_path, monkeypatch, error, message):
+    def write(shard, tokens):
+        raise error
+    monkeypatch.setattr(dl.ShardFile, "write", write)
+    with pytest.raises(DataError, match=message.format(out=re.escape(str(tmp_path)))):
+        pd.prepare("text", input=__file__, name="t", out_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == [".t.lock"]
+
+
+def test_ensure_prepared_says_how_to_prepare(tmp_path, monkeypatch):
+    """Run from a project folder with the default out_dir=data, the command to run needs no --out_dir; a folder
+    without meta.json is named as such."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"^dataset data/mybooks does not exist; prepare it with `python "
+                                        r"prepare_data.py text --input=PATH --name=mybooks`$"):
+        pd.ensure_prepared("mybooks")
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"^dataset data/shakespeare_char has no meta.json, so it is not a finished "
+                                        r"dataset; prepare it with `python prepare_data.py shakespeare_char`$"):
+        pd.ensure_prepared("shakespeare_char")
+    assert os.listdir(tmp_path / "data") == ["shakespeare_char"]  # only pydocs is prepared on the fly
+
+
 def test_missing_meta_is_an_error(tmp_path):
     dl.write_shard(str(tmp_path / "x_train_000001.bin"), [1, 2, 3])
     with pytest.raises(DataError, match="has no meta.json"):
         dl.load_meta(str(tmp_path))
+
+
+META_REFUSED = "does not describe a dataset .tokenizer char, byte or gpt2; vocab_size an integer in 1..65536"
+
+
+@pytest.mark.parametrize("meta, ok", [
+    ({"tokenizer": "char", "chars": "\nab", "vocab_size": 3}, True),
+    ({"tokenizer": "char", "chars": "\nab", "vocab_size": 4}, False),  # the alphabet and vocab_size disagree
+    ({"tokenizer": "char", "chars": "\nab", "vocab_size": 2}, False),
+    ({"tokenizer": "char", "vocab_size": 3}, False),  # no alphabet: nothing to decode with
+    ({"tokenizer": "char", "chars": ["\n", "a", "b"], "vocab_size": 3}, False),
+    ({"tokenizer": "byte", "vocab_size": 1}, True),  # the smallest vocabulary
+    ({"tokenizer": "byte", "vocab_size": 0}, False),
+    ({"tokenizer": "gpt2", "vocab_size": 65536}, True),  # the largest that fits uint16 ids
+    ({"tokenizer": "gpt2", "vocab_size": 65537}, False),
+    ({"tokenizer": "gpt2", "vocab_size": 50257.0}, False), ({"tokenizer": "byte", "vocab_size": True}, False),
+    ({"tokenizer": "bpe", "vocab_size": 256}, False), ({"vocab_size": 256}, False), ([256], False)])
+def test_load_meta_accepts_only_what_describes_a_dataset(tmp_path, meta, ok):
+    (tmp_path / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    if ok:
+        assert dl.load_meta(str(tmp_path)) == meta
+        return
+    with pytest.raises(DataError, match=META_REFUSED) as excinfo:
+        dl.load_meta(str(tmp_path))
+    assert one_line_error(excinfo).endswith("prepare the dataset again")
+
+
+@pytest.mark.parametrize("content", [b'{"tokenizer": "byte", ', b'\xff\xfe{}'])
+def test_load_meta_of_broken_json_is_one_line(tmp_path, content):
+    (tmp_path / "meta.json").write_bytes(content)
+    with pytest.raises(DataError, match=r"meta.json is not valid JSON \(.*\); prepare the dataset again") as excinfo:
+        dl.load_meta(str(tmp_path))
+    one_line_error(excinfo)
+    assert not pd.prepared_from(str(tmp_path), {"any": "source"})  # a broken meta.json is not a finished dataset
 
 
 # -----------------------------------------------------------------------------
@@ -411,6 +617,15 @@ def test_openwebtext_interrupted_twice_redoes_only_what_was_not_finished(tmp_pat
         assert all_tokens(data_dir, split) == all_tokens(reference, split)
 
 
+def test_openwebtext_with_no_document_in_val_is_refused(tmp_path, owt_hub):
+    """A val_fraction so small that no document's hash falls below it leaves val empty: one line, no dataset."""
+    out = str(tmp_path / "data")
+    with pytest.raises(DataError, match=r"^openwebtext: the val split is empty; raise --val_fraction$"):
+        pd.prepare("openwebtext", out_dir=out, val_fraction=1e-12, num_proc=1)
+    assert not os.path.exists(os.path.join(out, "openwebtext", "meta.json"))
+    assert not os.path.exists(os.path.join(out, "openwebtext", "openwebtext_val_000000.bin"))
+
+
 def test_openwebtext_restarted_with_other_settings_starts_over(tmp_path, owt_hub):
     reference = pd.prepare("openwebtext", out_dir=str(tmp_path / "reference"), val_fraction=0.2, num_proc=2)
     out = str(tmp_path / "data")
@@ -485,16 +700,17 @@ def test_fineweb_interrupted_restarted_and_complete(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("short", "the download has 4,024 bytes but the hub lists 5,024"), ("magic", "wrong magic number"),
+    ("short", "the download has 4,024 bytes but the hub lists 5,024"),
+    ("long", "the download has 5,025 bytes but the hub lists 5,024"), ("magic", "wrong magic number"),
     ("count", "header says 2001 tokens but the file holds 2000"),
     ("token", "token id 50257 is >= the model's vocab_size")])
 def test_fineweb_broken_download_is_deleted_not_used(tmp_path, monkeypatch, case, message):
     hub = FakeHub(monkeypatch, fineweb_files())
     out, file = str(tmp_path / "data"), "fineweb_train_000002.bin"
     good, tokens = hub.files[file], np.frombuffer(hub.files[file][1024:], dtype="<u2")
-    hub.served[file] = {"short": good[:-1000], "magic": shard_bytes(tokens, magic=20240521),
+    hub.served[file] = {"short": good[:-1000], "long": good + b"\0", "magic": shard_bytes(tokens, magic=20240521),
                         "count": shard_bytes(tokens, count=2001), "token": shard_bytes(np.r_[tokens[:-1], 50257])}[case]
-    if case != "short":
+    if case not in ("short", "long"):
         hub.files[file] = hub.served[file]
     with pytest.raises(DataError, match=message) as excinfo:
         pd.prepare("fineweb10B", out_dir=out, train_shards=3)
@@ -568,6 +784,10 @@ def test_tiny_training_run_on_a_hub_corpus(tmp_path, monkeypatch, request, corpu
     (["pydocs", "--shard_size=abc"], "shard_size='abc' is not allowed: it must be an integer"),
     (["pydocs", "--shard_size=0"], "shard_size=0 is not allowed: it must be ≥ 1"),
     (["pydocs", "--val_fraction=1"], "val_fraction=1.0 is not allowed: it must be between 0 and 1"),
+    (["pydocs", "--val_fraction=0"], "val_fraction=0.0 is not allowed: it must be between 0 and 1"),
+    (["pydocs", "--val_fraction=-0.1"], "val_fraction=-0.1 is not allowed: it must be between 0 and 1"),
+    (["openwebtext", "--val_fraction=0"], "val_fraction=0.0 is not allowed: it must be between 0 and 1"),
+    (["fineweb10B", "--train_shards=0"], "train_shards=0 is not allowed: it must be in [1, 104)"),
     (["pydocs", "--tokenizer=bpe"], "tokenizer='bpe' is not allowed: choose one of char, byte, gpt2"),
     (["pydocs", "--input=book.txt"], "--input does not apply to pydocs, which takes --name, --out_dir, --shard_size"),
     (["text"], "text needs --input=PATH"),
@@ -581,6 +801,65 @@ def test_bad_options_are_one_line(argv, message):
     with pytest.raises(ValueError) as excinfo:  # DataError or ConfigError: the CLI prints both as `error: ...`
         pd.main(argv)
     assert one_line_error(excinfo).startswith(message)
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["pydocs", "--val_fraction=0.0001"], dict(val_fraction=0.0001)),  # just above 0 and just below 1: allowed
+    (["pydocs", "--val_fraction=0.9999", "--shard_size=1"], dict(val_fraction=0.9999, shard_size=1)),
+    (["openwebtext", "--val_fraction=0.5", "--num_proc=1"], dict(val_fraction=0.5, num_proc=1)),
+    (["fineweb10B", "--train_shards=103"], dict(train_shards=103)),  # every train file the hub has
+    (["fineweb10B", "--train_shards=1"], dict(train_shards=1)),
+    (["text", "--input=a.txt", "--tokenizer=byte"], dict(input="a.txt", tokenizer="byte")),
+    (["pydocs"], dict())])  # only the options given are passed on: each corpus keeps its own defaults
+def test_last_allowed_options_reach_prepare(monkeypatch, argv, options):
+    calls = []
+    monkeypatch.setattr(pd, "prepare", lambda corpus, **kwargs: calls.append((corpus, kwargs)))
+    pd.main(argv)
+    assert calls == [(argv[0], options)]
+
+
+@pytest.mark.parametrize("name, allowed", [
+    (".hidden", False), ("a" + os.sep + "b", False), ("my_train_set", False), ("my_val_set", False),
+    ("my_train", False), ("my_val", False),  # my_train_val_000000.bin would match *_train_*.bin
+    ("train_set", True), ("val_data", True), ("my-val", True), ("my_training", True)])
+def test_a_name_that_would_confuse_the_shard_globs_is_refused(tmp_path, name, allowed):
+    """--name becomes the folder and the shards' prefix: '_train_' or '_val_' in it would make one split's shards
+    match the other's glob, so it is refused; a name merely starting with train or val is fine."""
+    book = tmp_path / "book.txt"
+    book.write_text("a small book of words. " * 20, encoding="utf-8")
+    out = str(tmp_path / "data")
+    if not allowed:
+        with pytest.raises(DataError, match=f"--name={name!r} must be a plain folder name") as excinfo:
+            pd.prepare("text", input=str(book), name=name, out_dir=out)
+        one_line_error(excinfo)
+        assert not os.path.exists(out)  # refused before anything is written
+        return
+    data_dir = pd.prepare("text", input=str(book), name=name, out_dir=out)
+    assert data_dir == os.path.join(out, name)
+    assert [os.path.basename(f) for f in dl.find_shards(data_dir, "train")] == [f"{name}_train_000001.bin"]
+    assert [os.path.basename(f) for f in dl.find_shards(data_dir, "val")] == [f"{name}_val_000000.bin"]
+
+
+def test_text_dataset_is_named_after_its_file(tmp_path):
+    """moby.txt -> data/moby/moby_*.bin; --name overrides it."""
+    book = tmp_path / "moby.txt"
+    book.write_text("Call me Ishmael. " * 20, encoding="utf-8")
+    out = str(tmp_path / "data")
+    data_dir = pd.prepare("text", input=str(book), out_dir=out)
+    assert data_dir == os.path.join(out, "moby") and dl.load_meta(data_dir)["name"] == "moby"
+    assert sorted(os.listdir(data_dir)) == ["meta.json", "moby_train_000001.bin", "moby_val_000000.bin"]
+    (tmp_path / "book_train.txt").write_text("a book. " * 20, encoding="utf-8")
+    with pytest.raises(DataError, match="--name='book_train' must be a plain folder name"):  # named after the file
+        pd.prepare("text", input=str(tmp_path / "book_train.txt"), out_dir=out)
+    assert pd.prepare("text", input=str(book), out_dir=out, name="whale") == os.path.join(out, "whale")
+
+
+@pytest.mark.parametrize("argv", [[], ["-h"], ["--help"]])
+def test_help_prints_the_usage_and_prepares_nothing(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    pd.main(argv)
+    assert capsys.readouterr().out.startswith("\nData for nanoCorridor: turn a text corpus into token shards")
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("case", ["a file", "under a file", "read-only"])
@@ -692,3 +971,81 @@ def test_epoch_advances_after_the_last_shard_only(tmp_path):
         loader.next_batch()
         states.append((loader.state_dict()["epoch"], loader.state_dict()["shard"]))
     assert states == [(0, 0)] * 7 + [(0, 1)] * 4 + [(0, 2)] * 6 + [(1, 0)]
+
+
+@pytest.mark.parametrize("settings, ok", [
+    (dict(rank=1, world_size=2), True), (dict(rank=2, world_size=2), False),  # ranks are 0 .. world_size - 1
+    (dict(rank=0, world_size=1), True), (dict(rank=1, world_size=1), False), (dict(rank=-1, world_size=2), False),
+    (dict(world_size=0, rank=0), False), (dict(batch_size=1), True), (dict(batch_size=0), False),
+    (dict(block_size=1), True), (dict(block_size=0), False)])
+def test_loader_settings_are_checked(tmp_path, settings, ok):
+    write_counting_shards(str(tmp_path), [200])
+    kwargs = {"batch_size": 2, "block_size": 8, **settings}
+    if ok:
+        x, y = ShardLoader(str(tmp_path), "train", **kwargs).next_batch()
+        assert x.shape == (kwargs["batch_size"], kwargs["block_size"]) and (y == x + 1).all()
+        return
+    with pytest.raises(DataError, match=f"bad loader settings: batch_size={kwargs['batch_size']}, block_size="
+                                        f"{kwargs['block_size']}, rank={kwargs.get('rank', 0)}, world_size=") as excinfo:
+        ShardLoader(str(tmp_path), "train", **kwargs)
+    one_line_error(excinfo)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_shard_of_exactly_one_batch_is_enough(tmp_path, world_size):
+    """world_size*batch_size*block_size + 1 tokens hold one step of the whole world: accepted, and every epoch
+    (whatever its seeded offset) still gives full windows; one token fewer is refused, naming the minimum."""
+    need = world_size * 2 * 8 + 1
+    write_counting_shards(str(tmp_path), [need])
+    loaders = [ShardLoader(str(tmp_path), "train", 2, 8, rank, world_size, seed=1) for rank in range(world_size)]
+    for epoch in range(6):
+        xs = [loader.next_batch() for loader in loaders]
+        assert all(loader.state_dict() == {"epoch": epoch, "shard": 0, "pos": world_size * 2} for loader in loaders)
+        firsts = sorted(x[i, 0].item() for x, _ in xs for i in range(2))
+        assert firsts == list(range(0, need - 1, 8))  # the only windows there are, offset clamped to 0
+        assert all((y == x + 1).all() and x.shape == (2, 8) for x, y in xs)
+    dl.write_shard(str(tmp_path / "c_train_000001.bin"), np.arange(need - 1))
+    with pytest.raises(DataError, match=f"c_train_000001.bin: {need - 1} tokens is shorter than one batch of "
+                                        f"world_size\\*batch_size\\*block_size\\+1 = {need}; use a smaller batch or "
+                                        "block, or prepare the data with a larger --shard_size$") as excinfo:
+        ShardLoader(str(tmp_path), "train", 2, 8, world_size - 1, world_size)
+    one_line_error(excinfo)
+
+
+def test_later_epochs_start_at_an_offset_that_still_fits(tmp_path):
+    """From epoch 1 on windows start at a seeded offset < block_size: every window is whole (block_size + 1
+    tokens inside the shard) and no window is read twice in an epoch. 105 tokens hold 10 windows of 10 + 1 at
+    offsets 0..4 and 9 at 5..9: 3 batches of 3 every epoch."""
+    write_counting_shards(str(tmp_path), [105])
+    loader = ShardLoader(str(tmp_path), "train", batch_size=3, block_size=10, seed=5)
+    epochs = {}
+    for _ in range(3 * 60):
+        x, y = loader.next_batch()
+        assert (y == x + 1).all() and y.max().item() <= 104
+        epochs.setdefault(loader.state_dict()["epoch"], []).extend(x[:, 0].tolist())
+    assert sorted(epochs) == list(range(60))
+    for starts in epochs.values():
+        assert len(set(starts)) == len(starts) == 9 and len({s % 10 for s in starts}) == 1
+    offsets = [starts[0] % 10 for starts in epochs.values()]
+    assert offsets[0] == 0 and set(offsets[1:]) == set(range(10))  # epoch 0 at 0, then any offset in [0, 10)
+
+
+def test_load_state_dict_refuses_a_negative_shard(tmp_path):
+    write_counting_shards(str(tmp_path), [300, 200])
+    loader = ShardLoader(str(tmp_path), "train", batch_size=2, block_size=20)
+    with pytest.raises(DataError, match="^loader state points at shard -1 but there are only 2 shards; the data "
+                                        "changed since the checkpoint$"):
+        loader.load_state_dict({"epoch": 0, "shard": -1, "pos": 0})
+    loader.load_state_dict({"epoch": 0, "shard": 1, "pos": 0})  # the last shard is fine
+    assert loader.next_batch()[0].min().item() >= 300
+
+
+def test_unigram_baseline_smooths_over_the_whole_vocabulary(tmp_path):
+    """Tokens that never occur still get add-one mass: vocab_size 4, train counts 2, 1, 0, 0 -> p = 3/7, 2/7,
+    1/7, 1/7; val holds 0, 1 and the unseen 3, across two val shards."""
+    dl.write_shard(str(tmp_path / "u_train_000001.bin"), [0, 1])
+    dl.write_shard(str(tmp_path / "u_train_000002.bin"), [0])
+    dl.write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
+    dl.write_shard(str(tmp_path / "u_val_000001.bin"), [3])
+    expected = -(np.log(3 / 7) + np.log(2 / 7) + np.log(1 / 7)) / 3
+    assert dl.unigram_loss(str(tmp_path), vocab_size=4) == pytest.approx(expected, rel=1e-12)

@@ -289,3 +289,73 @@ def test_compiles_for_hopper_and_ampere_without_spills(monkeypatch, tmp_path):
         if spills or shared > SHARED_LIMIT[cc]:
             failures.append(f"sm_{cc} {dtype} {name} {consts} {options}: {spills} B spilled, {shared} B shared")
     assert not failures, "\n".join(failures)
+
+
+# -----------------------------------------------------------------------------
+# More of the contract: exact messages, where the kernel refuses to run, output layout, launch settings
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_inputs_accepted_in_every_supported_dtype(dtype):
+    """fp16, bf16 and fp32 q, k, v pass the input checks (a, b may stay fp32, as under autocast)."""
+    (q, k, v, a, b), _ = make_inputs(1, 8, 16, dtype, device="cpu")
+    kernel._check_inputs(q, k, v, a, b)  # raises ValueError otherwise
+
+
+def test_bad_input_messages_name_the_problem():
+    (q, k, v, a, b), _ = make_inputs(1, 8, 16, device="cpu")
+    cases = [((q[..., :8], k[..., :8], v[..., :8], a, b), "head dim D must be one of (16, 32, 64, 128), got 8"),
+             ((q, k, v, a[:2], b), "a must be 1-D of length H=4 and floating-point, got (2,) torch.float32"),
+             ((q, k.half(), v, a, b), "q, k, v must share one dtype among float16, bfloat16, float32, "
+                                      "got torch.float32, torch.float16, torch.float32"),
+             ((q, k, v[:, :, :5], a, b), "q, k, v must have the same shape, got (1, 4, 8, 16), (1, 4, 8, 16), "
+                                         "(1, 4, 5, 16)")]
+    for args, message in cases:
+        with pytest.raises(ValueError) as e:
+            mix_attention(*args)
+        assert str(e.value) == f"mix_attention: {message}."
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET=1 the kernel cannot run on a CPU: a clear error says how to make it."""
+    monkeypatch.setattr(kernel, "INTERPRET", False)
+    (q, k, v, a, b), _ = make_inputs(1, 8, 16, device="cpu")
+    with pytest.raises(ValueError) as e:
+        mix_attention(q, k, v, a, b)
+    assert str(e.value) == ("mix_attention: tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before "
+                            "kernel.py is imported), got cpu.")
+
+
+def test_outputs_and_gradients_are_views_of_model_layout_memory():
+    """out, dq, dk, dv are (B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads
+    without a copy."""
+    (q, k, v, a, b), dout = make_inputs(2, 20, 16, seed=4)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, a, b)]
+    out = mix_attention(*leaves)
+    dq, dk, dv, _, _ = torch.autograd.grad(out, leaves, dout)
+    for x in (out, dq, dk, dv):
+        assert x.shape == (2, 4, 20, 16) and x.transpose(1, 2).is_contiguous()
+
+
+def test_launch_config_forced_by_tests(monkeypatch):
+    """FORCE_CONFIG really decides the launch (test_every_launch_config relies on it); else the interpreter's small
+    tiles. fp32 dots follow torch's TF32 switch, 16-bit ones always use tensor cores."""
+    q = torch.zeros(1, 1, 8, 16)
+    if kernel.INTERPRET:  # on a GPU the configs are timed instead
+        assert kernel._pick("fwd", q, None) == (32, 16, 4, 1) and kernel._pick("bwd", q, None) == (16, 32, 4, 1)
+    monkeypatch.setattr(kernel, "FORCE_CONFIG", {"fwd": (128, 64, 8, 3), "bwd": (32, 128, 8, 2)})
+    assert kernel._pick("fwd", q, None) == (128, 64, 8, 3) and kernel._pick("bwd", q, None) == (32, 128, 8, 2)
+    cfg = (64, 32, 4, 2)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert kernel._kw(cfg, q) == dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PREC="ieee")
+    assert kernel._kw(cfg, q.half())["PREC"] == kernel._kw(cfg, q.bfloat16())["PREC"] == "tf32"
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert kernel._kw(cfg, q)["PREC"] == "tf32"
+
+
+def test_usable_refuses_a_kernel_that_gives_nan(monkeypatch):
+    """A kernel that runs but returns non-finite numbers is not usable: one warning, then SDPA."""
+    monkeypatch.setattr(kernel, "_usable", {})
+    monkeypatch.setattr(kernel, "mix_attention", lambda q, k, v, a, b: (q + k + v) * (a.sum() + b.sum()) * float("nan"))
+    with pytest.warns(UserWarning, match=r"FloatingPointError: non-finite output or gradient\); using SDPA instead"):
+        assert kernel.usable(torch.device(DEVICE), torch.float32, 16) is False

@@ -426,3 +426,198 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
         GPT.from_pretrained("gpt3")
     with pytest.raises(ValueError, match="is not a directory saved with transformers' save_pretrained"):
         GPT.from_pretrained(str(tmp_path))  # an existing directory that holds no model
+
+
+# --- more of the contract: impl choice, config messages, inference, optimizer groups, MFU, checkpoints ----------------
+
+
+class _FakeQ:
+    """Stands in for q in resolve_impl: a CUDA (or CPU) tensor of head size 16, without needing a GPU."""
+    def __init__(self, cuda):
+        self.is_cuda, self.device, self.dtype = cuda, torch.device("cuda:0" if cuda else "cpu"), torch.bfloat16
+
+    def size(self, dim):
+        return 16
+
+
+@pytest.mark.parametrize("impl, op, cuda, dropout_p, kernel_ok, want", [
+    ("auto", "mix", True, 0.0, True, "triton"),  # the fused kernel where it applies and works
+    ("auto", "mix", True, 0.0, False, "sdpa"),  # the kernel failed here: SDPA
+    ("auto", "mix", True, 0.1, True, "sdpa"),  # the kernel has no attention dropout
+    ("auto", "attention", True, 0.0, True, "sdpa"),  # plain attention gains nothing from it
+    ("auto", "mix", False, 0.0, True, "sdpa"),  # not on CUDA
+    ("sdpa", "mix", True, 0.0, True, "sdpa"),  # an explicit impl is taken as given
+    ("materialized", "attention", True, 0.1, True, "materialized"),
+    ("triton", "mix", False, 0.0, False, "triton"),  # even where it cannot run: it then fails loudly
+])
+def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
+    import kernel
+    from model import resolve_impl
+    asked = []
+    monkeypatch.setattr(kernel, "usable", lambda *key: asked.append(key) or kernel_ok)
+    head_op = OPS[op](4, **OPS[op].controls)
+    assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
+    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, 16)])  # asked about this device, dtype, head size
+    monkeypatch.setitem(sys.modules, "kernel", None)  # triton not installed: `from kernel import usable` fails
+    assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(dropout=-0.1), "dropout=-0.1 is not allowed: it must be in [0, 1)"),
+    (dict(dropout=1.0), "dropout=1.0 is not allowed: it must be in [0, 1)"),
+    (dict(n_layer=0), "n_layer=0 is not allowed: it must be a positive integer"),
+    (dict(block_size=16.0), "block_size=16.0 is not allowed: it must be a positive integer"),
+    (dict(n_head=True), "n_head=True is not allowed: it must be a positive integer"),
+    (dict(n_embd=30), "n_embd=30 is not allowed: it must be divisible by n_head=4"),
+    (dict(impl="cuda"), "impl='cuda' is not allowed: choose one of auto, sdpa, materialized, triton"),
+    (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
+    (dict(op="attention", gamma_init=-0.5),
+     "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
+    (dict(op="mix", laplacian_heads=1), "laplacian_heads is not a control of op='mix' (its controls: gamma_init, "
+                                        "delta_init, learn_gamma, learn_delta, gamma_min); drop it or change op"),
+    (dict(op="laplacian", laplacian_heads=True),
+     "laplacian_heads=True is not allowed: give an integer in 0..n_head=4, or None for half"),
+    (dict(op="mix", gamma_min=True), "gamma_min=True is not allowed: give a number (γ is kept ≥ it) or None"),
+    (dict(op="mix", gamma_min=0.0, gamma_init=-0.01),
+     "gamma_init=-0.01 is below gamma_min=0.0: start γ inside its range"),
+])
+def test_bad_config_message_says_what_is_allowed(kw, message):
+    with pytest.raises(ValueError) as e:
+        tiny(**{"op": "attention", **kw})
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),
+                                dict(op="laplacian", laplacian_heads=4), dict(op="mix", gamma_min=-1, gamma_init=-1)])
+def test_config_boundaries_are_accepted(kw):
+    """The last allowed values: dropout just under 1, sizes of 1, every head a Laplacian, γ starting at gamma_min."""
+    tiny(**{"op": "attention", **kw})
+
+
+def test_inference_returns_only_the_last_position():
+    """Without targets the model returns the logits of the last position only, (B, 1, vocab), and no loss."""
+    torch.manual_seed(0)
+    model = GPT(tiny("mix")).double().eval()
+    idx = tokens(B=2, T=9)
+    out, loss = model(idx)
+    assert loss is None and out.shape == (2, 1, TINY["vocab_size"])
+    assert torch.allclose(out[:, 0], logits(model, idx)[:, -1], atol=1e-12)
+
+
+def test_targets_of_minus_one_are_ignored():
+    """Target -1 marks a position without a target: the loss is the mean cross-entropy over the others."""
+    torch.manual_seed(0)
+    model = GPT(tiny("mix")).double().eval()
+    idx = tokens(B=2, T=8)
+    targets = tokens(B=2, T=8, seed=2)
+    targets[0, :3] = -1
+    targets[1, 5] = -1
+    full, loss = model(idx, targets)
+    keep = targets != -1
+    want = -full.log_softmax(-1)[keep].gather(-1, targets[keep][:, None]).mean()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)  # the loss is computed in float32
+
+
+def test_crop_block_size():
+    """Cropping keeps the first positions' embeddings (same logits) and refuses longer inputs with the new size."""
+    torch.manual_seed(0)
+    model = GPT(tiny("mix")).double().eval()
+    idx = tokens(B=2, T=8)
+    before = logits(model, idx)
+    model.crop_block_size(8)
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape == (8, TINY["n_embd"])
+    assert torch.allclose(logits(model, idx), before, atol=1e-12)
+    with pytest.raises(ValueError, match="sequence length 9 is longer than block_size=8"):
+        model(tokens(B=1, T=9))
+
+
+@pytest.mark.parametrize("op", ["mix", "attention"])
+def test_optimizer_groups_exactly(op):
+    """Every trainable parameter in exactly one group: 2-D weights decayed at the base lr; norms and biases
+    undecayed at the base lr; the operator's scalars undecayed at lr × op_lr_scale; no empty groups."""
+    model = GPT(tiny(op, learn_delta=False) if op == "mix" else tiny(op))
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), op_lr_scale=50.0)
+    where = {}
+    for g in opt.param_groups:
+        assert g["params"] and g["betas"] == (0.9, 0.95)
+        for p in g["params"]:
+            assert id(p) not in where
+            where[id(p)] = (g["weight_decay"], g["lr"])
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert len(where) == len(params)
+    for name, p in params:
+        if ".attn.op." in name:
+            assert name.endswith(".gamma") and where[id(p)] == (0.0, 5e-2), name  # δ is frozen: a buffer
+        else:
+            assert where[id(p)] == ((0.1, 1e-3) if p.dim() >= 2 else (0.0, 1e-3)), name
+    assert [g.get("lr_scale") for g in opt.param_groups] == [None, None] + ([50.0] if op == "mix" else [])
+
+
+def test_estimate_mfu_against_the_palm_formula(monkeypatch):
+    """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds / peak FLOP/s."""
+    import model as model_module
+    monkeypatch.setattr(model_module, "peak_flops", lambda device: 1e12)
+    model = GPT(tiny("mix"))
+    N = model.get_num_params()
+    L, H, Q, T = 2, 4, 8, 16  # TINY: n_layer, n_head, n_embd / n_head, block_size
+    assert model.estimate_mfu(3, 0.5) == pytest.approx((6 * N + 12 * L * H * Q * T) * T * 3 / 0.5 / 1e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
+    ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 65e12), ("NVIDIA B200", None),
+])
+def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
+    """The longest matching name wins (an A10G is not an A10, an A100 neither); an unknown GPU has no peak."""
+    from model import peak_flops
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda")) == flops
+    assert peak_flops(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("op, saved", [
+    ("attention", []), ("laplacian", []),  # fixed coefficients follow from the config: not in the checkpoint
+    ("mix", ["gamma", "delta"]), ("mix_alpha", ["alpha0", "alpha1"]), ("mix_ab", ["alpha", "beta"]),
+])
+def test_checkpoint_holds_exactly_the_operators_scalars(op, saved):
+    state = GPT(tiny(op)).state_dict()
+    assert [k for k in state if ".attn.op." in k] == [f"transformer.h.{i}.attn.op.{s}" for i in range(2) for s in saved]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_head_operator_keeps_the_values_dtype(op):
+    """Under bf16 autocast v and P·V are bf16 while the scalars stay fp32: the output is bf16, a·v + b·PV."""
+    torch.manual_seed(0)
+    head_op = OPS[op](4, **OPS[op].controls)
+    if op.startswith("mix"):
+        with torch.no_grad():
+            for p in head_op.parameters():
+                p.copy_(torch.tensor([0.5, -1.0, 1.5, -0.25]))
+    v, pv = torch.randn(2, 4, 5, 16).bfloat16(), torch.randn(2, 4, 5, 16).bfloat16()
+    y = head_op(v, pv)
+    a, b = (c.double().view(-1, 1, 1) for c in head_op.coefficients())
+    assert y.dtype == torch.bfloat16 and y.shape == v.shape
+    assert torch.allclose(y.double(), a * v.double() + b * pv.double(), atol=0.05)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "materialized"])
+def test_attention_dropout_acts_in_training_on_every_path(impl):
+    torch.manual_seed(0)
+    model = GPT(tiny("mix", dropout=0.5, impl=impl))
+    model.transformer.drop.p = 0.0  # only attention (and residual) dropout: switch off the embedding dropout
+    for block in model.transformer.h:
+        block.attn.resid_dropout.p = block.mlp.dropout.p = 0.0
+    model.eval()
+    assert torch.equal(logits(model, tokens()), logits(model, tokens()))
+    model.train()
+    assert not torch.equal(logits(model, tokens()), logits(model, tokens()))
+
+
+def test_generate_with_top_k_one_or_beyond_the_vocabulary():
+    """top_k=1 samples the most likely token (greedy); a top_k larger than the vocabulary keeps every token."""
+    torch.manual_seed(0)
+    model = GPT(tiny("mix")).eval()
+    prompt = tokens(B=2, T=4)
+    assert torch.equal(model.generate(prompt, 6, top_k=1), model.generate(prompt, 6, temperature=0))
+    assert model.generate(prompt, 2, top_k=10 * TINY["vocab_size"]).shape == (2, 6)

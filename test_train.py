@@ -2,7 +2,8 @@
 Tests for train.py and sample.py: settings, a tiny end-to-end run of every op, the learning-rate schedule,
 gradient accumulation, the γ projection, dropout seeding, exact resume (also after kill -9 at any moment),
 eval_only, DDP with torchrun (gloo, 2 CPU processes) against one process, the NaN stops, GPT-2 fine-tuning
-start, your own operator through train.py's settings, and sampling. Bad inputs: test_bad_inputs.py.
+start, your own operator through train.py's settings, what a run logs and prints (and its speed), main's one-line
+exits, and sampling. Bad inputs: test_bad_inputs.py.
 
     python -m pytest -q test_train.py
 """
@@ -13,17 +14,19 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 import train
-from configurator import configure
-from dataloader import write_shard
-from model import GPT
+from configurator import ConfigError, configure
+from dataloader import unigram_loss, write_shard
+from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
-from train import get_lr, parse_config
+from prepare_data import get_tokenizer
+from train import build_model, corridor_summary, get_lr, parse_config, pick_device_and_dtype
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # a model small enough that a few iterations take about a second on one CPU core
@@ -56,6 +59,15 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def char_dataset(name, chars, n=3000):
+    """data/<name>: a char-level dataset over the alphabet `chars` (random text, enough for TINY's windows)."""
+    os.makedirs(f"data/{name}")
+    for split, i in (("val", 0), ("train", 1)):
+        write_shard(f"data/{name}/{name}_{split}_00000{i}.bin", np.random.RandomState(i).randint(0, len(chars), n))
+    json.dump({"name": name, "tokenizer": "char", "chars": chars, "vocab_size": len(chars)},
+              open(f"data/{name}/meta.json", "w"))
 
 
 # --- settings -----------------------------------------------------------------------------------------------------
@@ -98,6 +110,54 @@ def test_learning_rate_schedule():
     assert get_lr(0, c) == get_lr(19, c) == 1.0
 
 
+def test_learning_rate_decays_over_max_iters_unless_lr_decay_iters_is_given():
+    c, _ = parse_config(["--learning_rate=1.0", "--min_lr=0.1", "--warmup_iters=0", "--max_iters=10"])
+    assert get_lr(0, c) == pytest.approx(1.0)  # no warmup: the peak at once
+    assert get_lr(5, c) == pytest.approx(0.55) and get_lr(10, c) == pytest.approx(0.1)  # min_lr at max_iters
+
+
+def test_learning_rate_when_warmup_ends_where_decay_ends():
+    """lr_decay_iters = warmup_iters leaves no cosine to divide by: warmup, the peak, then min_lr (no crash)."""
+    c, _ = parse_config(["--learning_rate=1.0", "--min_lr=0.1", "--warmup_iters=4", "--lr_decay_iters=4"])
+    assert [get_lr(it, c) for it in range(7)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 0.1, 0.1])
+
+
+@pytest.mark.parametrize("args, local_rank, cuda, bf16, mps, picked", [
+    (["--device=auto"], None, False, False, False, ("cpu", "cpu", "float32")),  # float32 on CPU
+    (["--device=cpu", "--dtype=bfloat16"], None, False, False, False, ("cpu", "cpu", "bfloat16")),  # allowed on CPU
+    (["--device=auto"], None, False, False, True, ("mps", "mps", "float32")),  # mps before cpu
+    (["--device=auto"], None, True, True, True, ("cuda", "cuda", "bfloat16")),  # cuda first, bf16 where supported
+    (["--device=cuda"], None, True, False, False, ("cuda", "cuda", "float16")),  # else fp16 (with a scaler)
+    (["--device=cuda"], 3, True, True, False, ("cuda:3", "cuda", "bfloat16")),  # DDP: the process' own GPU
+    (["--device=cuda"], 0, True, True, False, ("cuda:0", "cuda", "bfloat16")),  # rank 0's too
+    (["--device=cuda:1", "--dtype=float32"], None, True, True, False, ("cuda:1", "cuda", "float32")),
+])
+def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, bf16, mps, picked):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert pick_device_and_dtype(parse_config(args)[0], local_rank) == picked
+
+
+def test_a_device_this_machine_lacks_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^device='mps' but this torch has no MPS or sees no such device; use --device=cpu$"):
+        pick_device_and_dtype(parse_config(["--device=mps"])[0], None)
+
+
+def test_corridor_summary_counts_heads_strictly_inside():
+    """γ = -1 and γ = 0 are the corridor's ends, not inside it; per layer: mean γ and mean δ."""
+    gamma, delta = torch.tensor([[-1.0, -0.5], [0.0, -0.999]]), torch.tensor([[1.0, 2.0], [0.5, 0.5]])
+    assert corridor_summary(gamma, delta) == "corridor 2/4 heads in (-1,0) | L0:γ-0.75/δ1.50 L1:γ-0.50/δ0.50"
+
+
+@pytest.mark.parametrize("vocab, padded", [(50257, 50304), (50256, 50256), (103, 103)])
+def test_gpt2s_vocabulary_is_padded_to_a_multiple_of_64(vocab, padded):
+    cfg, given = parse_config(TINY)
+    model = build_model(cfg, given, {"tokenizer": "gpt2", "vocab_size": vocab}, None)
+    assert model.config.vocab_size == model.lm_head.weight.shape[0] == padded
+
+
 # --- end to end ---------------------------------------------------------------------------------------------------
 
 
@@ -130,6 +190,46 @@ def test_logged_train_loss_is_the_mean_over_micro_steps(workdir):
             f"--gradient_accumulation_steps={accum}", f"--out_dir={out}")
         logged = np.mean([r["loss"] for r in read_log(out, "train")])
         assert abs(logged - read_log(out, "eval")[-1]["train_loss"]) < 0.05
+
+
+def test_a_run_records_and_prints_what_ran(workdir, capsys):
+    run("--op=mix", "--max_iters=5", "--eval_interval=3", "--log_interval=2", "--gradient_accumulation_steps=2",
+        "--out_dir=out/rec")
+    start, done = read_log("out/rec")[0], read_log("out/rec")[-1]
+    assert (start["event"], start["iter"], start["device"], start["dtype"], start["world_size"], start["torch"]) == \
+        ("start", 0, "cpu", "float32", 1, torch.__version__) and "commit" in start
+    evals = read_log("out/rec", "eval")
+    assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (3, 3 * 256), (5, 5 * 256)]  # 2 × 4 × 32 per iter
+    assert [r["iter"] for r in read_log("out/rec", "train")] == [2, 4, 5]  # every log_interval, and the last one
+    assert (done["event"], done["iter"]) == ("done", 5)
+    out = capsys.readouterr().out
+    assert "device cpu, dtype float32, 1 process(es), 256 tokens per iteration, 0.03M parameters, op=mix" in out
+    assert f"unigram baseline: val loss {unigram_loss('data/pydocs', 103):.4f} (context-free" in out
+    assert out.count("saved checkpoint to out/rec/ckpt.pt") == 2 and "compiling" not in out  # no torch.compile on CPU
+    assert f"step 5: train loss {evals[-1]['train_loss']:.4f}, val loss {evals[-1]['val_loss']:.4f} | corridor " in out
+    assert out.rstrip().endswith(corridor_summary(*torch.tensor([evals[-1]["gamma"], evals[-1]["delta"]])))
+
+
+def test_speed_is_per_iteration_and_leaves_evaluation_out(workdir, monkeypatch, capsys):
+    """On a clock where a step takes 0.5 s and an evaluation's forward pass 10 s, every logged iteration took
+    500 ms and 2 × 4 × 32 tokens / 0.5 s = 512 tokens/s, whatever log_interval is and wherever evaluations fall."""
+    clock, step, forward = [1000.0], torch.optim.AdamW.step, GPT.forward
+
+    def timed_step(self, *args, **kwargs):
+        clock[0] += 0.5
+        return step(self, *args, **kwargs)
+
+    def timed_forward(self, idx, targets=None):
+        clock[0] += 0.0 if self.training else 10.0
+        return forward(self, idx, targets)
+    monkeypatch.setattr(torch.optim.AdamW, "step", timed_step)
+    monkeypatch.setattr(GPT, "forward", timed_forward)
+    monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))  # train.py's clock only
+    run("--max_iters=5", "--eval_interval=3", "--log_interval=2", "--gradient_accumulation_steps=2", "--out_dir=out/speed")
+    trains = read_log("out/speed", "train")
+    assert [r["iter"] for r in trains] == [2, 4, 5]
+    assert [(r["ms_per_iter"], r["tokens_per_s"], r["mfu"]) for r in trains] == [(500.0, 512.0, None)] * 3
+    assert "500.0 ms/iter, 512 tok/s\n" in capsys.readouterr().out  # no MFU on a CPU
 
 
 def test_gradients_are_clipped_before_the_step(workdir, monkeypatch):
@@ -282,6 +382,41 @@ def test_resume_refuses_a_different_model_and_config_json_says_what_ran(workdir)
     assert config["init_from"] == "scratch"  # how the run began; the log's start records show the resumes
 
 
+def test_resume_refuses_another_alphabet_of_the_same_size(workdir):
+    """Same tokenizer, same vocab_size, other characters: every token id would mean another character."""
+    char_dataset("abc", "abc")
+    char_dataset("xyz", "xyz")
+    char_dataset("abc_copy", "abc")  # another name, the same vocabulary
+    run("--dataset=abc", "--max_iters=2", "--eval_interval=2", "--out_dir=out/c")
+    with pytest.raises(ConfigError, match=r"^dataset 'xyz' is not the one the checkpoint was trained on \(another "
+                       r"tokenizer or vocabulary\); use --dataset=abc$"):
+        run("--dataset=xyz", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
+    run("--dataset=abc_copy", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
+    assert torch.load("out/c/ckpt.pt", weights_only=True)["meta"]["chars"] == "abc"
+
+
+def test_resume_keeps_the_best_val_loss_and_the_token_count(workdir):
+    """At learning rate 0 the resumed run's val loss equals the checkpoint's best: no improvement, no save."""
+    common = ["--learning_rate=0", "--min_lr=0", "--eval_interval=2", "--always_save_checkpoint=False", "--out_dir=out/b"]
+    run(*common, "--max_iters=2")
+    best = torch.load("out/b/ckpt.pt", weights_only=True)["best_val_loss"]
+    run(*common, "--max_iters=4", "--init_from=resume")
+    assert torch.load("out/b/ckpt.pt", weights_only=True)["iter_num"] == 2
+    evals = read_log("out/b", "eval")
+    assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (2, 256), (4, 512)] and evals[-1]["val_loss"] == best
+    assert read_log("out/b", "done")[-1]["best_val_loss"] == best
+
+
+def test_a_moved_run_resumes_where_it_now_is(workdir):
+    """out_dir is where the run is today, never the one in its checkpoint's settings."""
+    run("--max_iters=2", "--eval_interval=2", "--out_dir=out/old")
+    os.rename("out/old", "out/run")  # train.py's default out_dir
+    train.train(*parse_config(TINY + ["--max_iters=4", "--eval_interval=2", "--init_from=resume"]))
+    assert not os.path.exists("out/old")
+    assert torch.load("out/run/ckpt.pt", weights_only=True)["iter_num"] == 4
+    assert json.load(open("out/run/config.json"))["out_dir"] == "out/run"
+
+
 @pytest.mark.parametrize("always", [True, False])
 def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
     """At learning rate 0 the val loss never improves after the first evaluation."""
@@ -319,6 +454,65 @@ def test_nan_in_the_validation_loss_alone_stops_too(workdir, monkeypatch):
         forward(self, idx, targets) if self.training else (None, torch.tensor(float("nan")))))
     with pytest.raises(FloatingPointError, match="the validation loss became nan at iter 0; stopping .no checkpoint"):
         run("--max_iters=4", "--eval_interval=2", "--out_dir=out/vnan")
+
+
+def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, monkeypatch):
+    class Started(Exception):
+        pass
+
+    def init_process_group(**kwargs):
+        raise Started(kwargs)
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
+    for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):  # what torchrun sets, 2 processes
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=3 must be a multiple of the number of "
+                       r"processes \(2\)$"):
+        run("--gradient_accumulation_steps=3", "--max_iters=1", "--out_dir=out/ddp")
+    with pytest.raises(Started, match="'backend': 'gloo'"):  # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
+        run("--gradient_accumulation_steps=4", "--max_iters=1", "--out_dir=out/ddp")
+    assert not os.path.exists("out/ddp")
+
+
+@pytest.mark.parametrize("rank, code", [(None, "error: max_iters=0 is not allowed: it must be ≥ 1"),
+                                        ("0", "error: max_iters=0 is not allowed: it must be ≥ 1"),
+                                        ("1", 1), ("3", 1)])  # under torchrun every rank fails alike: rank 0 says it, once
+def test_main_says_a_bad_setting_once(monkeypatch, rank, code):
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--max_iters=0"])
+    assert e.value.code == code
+
+
+def test_main_on_ctrl_c_says_how_to_continue(monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "train", interrupted)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--max_iters=2"])
+    assert e.value.code == "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
+
+
+def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
+    """The command line's path: a NaN is an `error: ...` line, not a traceback; a NaN validation loss at the
+    first evaluation that would save is never saved."""
+    forward, evaluations = GPT.forward, []
+
+    def nan_after_the_first_evaluation(self, idx, targets=None):
+        if not self.training:
+            evaluations.append(1)
+            if len(evaluations) > 4:  # iter 0's evaluation: 2 splits × eval_iters=2 batches
+                return None, torch.tensor(float("nan"))
+        return forward(self, idx, targets)
+    monkeypatch.setattr(GPT, "forward", nan_after_the_first_evaluation)
+    with pytest.raises(SystemExit) as e:
+        train.main(TINY + ["--max_iters=4", "--eval_interval=2", "--out_dir=out/nan"])
+    assert e.value.code == ("error: the validation loss became nan at iter 2; stopping (no checkpoint was written). "
+                            "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+    assert not os.path.exists("out/nan/ckpt.pt")
+    assert [r["iter"] for r in read_log("out/nan", "eval")] == [0, 2]  # the NaN evaluation is in the log
 
 
 @pytest.mark.slow
@@ -403,3 +597,40 @@ def test_sample_decodes_text_from_any_directory(workdir, capsys, monkeypatch):
     greedy = [draw("--temperature=0", f"--seed={s}") for s in (1, 2)]
     assert greedy[0] == greedy[1] and greedy[0][0] == greedy[0][1]  # temperature 0: the most likely token, always
     assert "---------------" in capsys.readouterr().out
+
+
+@pytest.fixture
+def draw(workdir):
+    """sample.sample on a run trained with dropout 0.5 (which sampling must switch off)."""
+    import sample
+    run("--dropout=0.5", "--max_iters=2", "--eval_interval=2", "--out_dir=out/d")
+    return lambda *args: sample.sample(configure(sample.DEFAULTS, ["--out_dir=out/d", "--num_samples=2",
+                                                                   "--max_new_tokens=20", *args], sample.RULES, files=False)[0])
+
+
+def test_sample_draws_from_the_model_in_eval_mode(draw):
+    """The samples are the checkpoint's model's own, dropout off: greedy is its argmax path, and a seed gives
+    what that model draws after torch.manual_seed(seed)."""
+    ckpt = torch.load("out/d/ckpt.pt", weights_only=True)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    encode, decode = get_tokenizer(ckpt["meta"])
+    prompt = torch.tensor([encode("The ")])
+    greedy = decode(model.generate(prompt, 20, temperature=0)[0].tolist())
+    torch.manual_seed(3)
+    seeded = [decode(model.generate(prompt, 20, temperature=0.8, top_k=200)[0].tolist()) for _ in range(2)]
+    assert draw("--start=The ", "--temperature=0", "--seed=1") == draw("--start=The ", "--temperature=0", "--seed=2") \
+        == [greedy, greedy]
+    assert draw("--start=The ", "--seed=3") == seeded
+
+
+def test_sample_prompt_file_top_k_and_no_new_tokens(draw, capsys):
+    open("prompt.txt", "w", encoding="utf-8").write("def f(x):\n")
+    greedy = draw("--start=def f(x):\n", "--temperature=0")
+    assert draw("--start=FILE:prompt.txt", "--temperature=0") == greedy  # FILE: reads the prompt from the file
+    assert draw("--start=def f(x):\n", "--top_k=1") == greedy  # top_k=1 (the least allowed) keeps only the argmax
+    assert draw("--start=FILE:prompt.txt", "--max_new_tokens=0") == ["def f(x):\n"] * 2  # 0 allowed: the prompt
+    capsys.readouterr()
+    texts = draw("--seed=5")
+    assert capsys.readouterr().out == "".join(t + "\n---------------\n" for t in texts)  # printed as returned
