@@ -225,6 +225,12 @@ def test_a_value_python_cannot_evaluate_is_text(text):
     assert c.wandb_run_name == text
 
 
+def test_a_value_may_hold_an_equals_sign():
+    """--key=value splits at the first '=': the rest, '=' included, is the value."""
+    c, _ = train.parse_config(["--wandb_run_name=lr=3e-4"])
+    assert c.wandb_run_name == "lr=3e-4"
+
+
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_help_lists_every_setting_and_exits_0(monkeypatch, capsys, flag):
     """--help wins over everything else given: the script's docstring, then each setting with its default."""
@@ -520,6 +526,11 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
     assert [json.loads(line)["iter"] for line in open("log.jsonl")] == [0, 1, 1]
     rundir.RunLog(".").file.close()  # a new run starts a new log
     assert open("log.jsonl").read() == ""
+    os.remove("log.jsonl")
+    resumed = rundir.RunLog(".", resume_iter=1)  # a resumed run whose log was deleted starts a new one
+    resumed.write({"event": "start", "iter": 1})
+    resumed.file.close()
+    assert open("log.jsonl").read() == '{"event": "start", "iter": 1}\n'
     calls = []
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
         init=lambda **kwargs: calls.append(("init", kwargs)), log=lambda data, step: calls.append(("log", data, step))))
@@ -626,6 +637,7 @@ def test_dataset_without_meta_json(workdir):
     (["--start=FILE:."], "--start=FILE:.: is a directory"),
     (["--start=FILE:latin1.txt"], "--start=FILE:latin1.txt: the file is not UTF-8 text"),
     (["--start="], "the prompt encodes to no tokens"),
+    (["--start=€"], "characters '€' are not in this dataset's vocabulary"),  # a DataError
     (["--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--num_samples=0"], "num_samples=0 is not allowed"),
     (["config/x.py"], "unexpected argument 'config/x.py': settings look like --key=value"),

@@ -93,6 +93,8 @@ def test_any_strides():
     (q, _, v, a, b), dout = make_inputs(2, 37, 32, layout="contiguous", seed=5)
     (_, k, _, _, _), _ = make_inputs(2, 37, 32, seed=6)
     run_and_compare((q, k, v.transpose(0, 1).contiguous().transpose(0, 1), a, b), dout, TOL[torch.float32])
+    every_other = (torch.randn(2, 4, 37, 64, device=DEVICE)[..., ::2] for _ in range(3))  # one strides, last 2
+    run_and_compare((*every_other, a, b), dout, TOL[torch.float32])
 
 
 def _launch_configs():

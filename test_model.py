@@ -494,6 +494,15 @@ def test_config_boundaries_are_accepted(kw):
     tiny(**{"op": "attention", **kw})
 
 
+def test_integer_controls_make_float_scalars():
+    """gamma_init=0, delta_init=1 written as integers: the scalars are float32, the learned ones learn."""
+    for op in ("mix", "mix_alpha", "mix_ab"):
+        head_op = OPS[op](4, **{**OPS[op].controls, "gamma_init": 0, "delta_init": 1})
+        assert all(p.dtype == torch.float32 and p.requires_grad for p in head_op.parameters())
+    frozen = OPS["mix"](4, **{**OPS["mix"].controls, "gamma_init": -1, "learn_gamma": False})
+    assert frozen.gamma.dtype == torch.float32 and frozen.gamma.tolist() == [-1.0] * 4
+
+
 def test_inference_returns_only_the_last_position():
     """Without targets the model returns the logits of the last position only, (B, 1, vocab), and no loss."""
     torch.manual_seed(0)
