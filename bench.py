@@ -22,7 +22,7 @@ import time
 import torch
 
 from configurator import ConfigError, at_least, configure, one_of
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, keep_freed_memory
 
 DEFAULTS = dict(what="ops", ops="attention,laplacian,mix", impls="sdpa", block_sizes="256", batch_size=8, iters=20,
                 repeats=5, nanogpt="")
@@ -48,6 +48,7 @@ def training_step(model, opt, x, grad_clip=1.0):
 
 def measure(op, impl, block_size, batch_size, iters, warmup=3):
     """One configuration in this process: tokens/s over `iters` steps and peak MiB above the model's baseline."""
+    keep_freed_memory()  # as train.py does on a CPU
     torch.manual_seed(0)
     model = GPT(GPTConfig(**DEMO, block_size=block_size, op=op, impl=impl))
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
@@ -94,7 +95,8 @@ def bench_ops(cfg):
 
 def bench_nanogpt(cfg):
     """Our training step against nanoGPT's model.py at nanoGPT's CPU example config, interleaved: every repeat
-    times `iters` steps of each contestant in turn; the table keeps each one's best repeat."""
+    times `iters` steps of each contestant in turn; the table keeps each one's best repeat. Both run in this
+    process, with the memory allocator set as train.py sets it on a CPU."""
     where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
     if not os.path.isfile(cfg.nanogpt) or not cfg.nanogpt.endswith(".py"):
         raise ConfigError(f"nanogpt={cfg.nanogpt!r} is not a Python file: {where}")
@@ -106,6 +108,7 @@ def bench_nanogpt(cfg):
         raise ConfigError(f"nanogpt={cfg.nanogpt!r} failed to load ({type(e).__name__}): {where}") from None
     if not hasattr(nano, "GPT") or not hasattr(nano, "GPTConfig"):
         raise ConfigError(f"nanogpt={cfg.nanogpt!r} defines no GPT and GPTConfig: {where}")
+    keep_freed_memory()
     B, T = 12, NANOGPT_CPU["block_size"]
     contestants = {}
     for name, make in (("nanoGPT", lambda: nano.GPT(nano.GPTConfig(**NANOGPT_CPU))),

@@ -232,6 +232,13 @@ def test_speed_is_per_iteration_and_leaves_evaluation_out(workdir, monkeypatch, 
     assert "500.0 ms/iter, 512 tok/s\n" in capsys.readouterr().out  # no MFU on a CPU
 
 
+def test_a_cpu_run_keeps_the_memory_a_step_frees(workdir, monkeypatch):
+    calls = []
+    monkeypatch.setattr(train, "keep_freed_memory", lambda: calls.append("kept"))
+    run("--max_iters=1", "--out_dir=out/keep")
+    assert calls == ["kept"]
+
+
 def test_gradients_are_clipped_before_the_step(workdir, monkeypatch):
     norms, step = [], torch.optim.AdamW.step
 

@@ -25,7 +25,7 @@ import torch
 
 from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
-from model import GPT, PRETRAINED, GPTConfig
+from model import GPT, PRETRAINED, GPTConfig, keep_freed_memory
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_dir, save_checkpoint, save_config,
@@ -208,6 +208,8 @@ def train(cfg, given=frozenset()):
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if device_type == "cpu":
+        keep_freed_memory()  # fewer page faults per step
     ctx = nullcontext() if dt == "float32" else torch.autocast(device_type, dtype=getattr(torch, dt))
 
     # --- data (prepared once by the master; the others wait) and model ---------------------------------------------
