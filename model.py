@@ -298,8 +298,8 @@ class GPT(nn.Module):
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
-# dense bf16 peak FLOP/s of common GPUs, matched against torch.cuda.get_device_name()
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
+# dense bf16 peak FLOP/s of common GPUs, matched in this order against torch.cuda.get_device_name()
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
                    "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
                    "T4": 65e12}
 

@@ -575,11 +575,12 @@ def test_estimate_mfu_against_the_palm_formula(monkeypatch):
 
 @pytest.mark.parametrize("name, flops", [
     ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L4", 121e12),
+    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+    ("NVIDIA L4", 121e12),
     ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 65e12), ("NVIDIA B200", None),
 ])
 def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
-    """The longest matching name wins (an A10G is not an A10, an A100 neither); an unknown GPU has no peak."""
+    """The first matching name wins, longer names first (an A10G is no A10, an A100 neither, an L40 no L4)."""
     from model import peak_flops
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops(torch.device("cuda")) == flops
