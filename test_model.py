@@ -587,7 +587,26 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
     assert peak_flops(torch.device("cpu")) is None
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc")
+def test_bench_against_nanogpt_prints_each_step_time_over_nanogpts(tmp_path, capsys):
+    """A stand-in for nanoGPT's model.py (ours, behind nanoGPT's names): one timed repeat of each contestant."""
+    import bench
+    stub = tmp_path / "model.py"
+    stub.write_text("import model\nGPTConfig = model.GPTConfig\n"
+                    "class GPT(model.GPT):\n"
+                    "    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):\n"
+                    "        return super().configure_optimizers(weight_decay, learning_rate, betas)\n")
+    best = bench.main(["--what=nanogpt", f"--nanogpt={stub}", "--repeats=1", "--iters=1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(f"batch 12, best of 1 interleaved repeats of 1 steps, freed memory kept: {on_glibc()}")
+    assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"] and all(ms > 0 for ms in best.values())
+    assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
+
+
+def on_glibc():
+    return platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.skipif(not on_glibc(), reason="the C library is not glibc")
 def test_keep_freed_memory_stops_the_page_faults_between_training_steps():
     """Twenty training steps of a small GPT in a fresh process, after ten to warm up: by default glibc hands the
     activations' memory back to the OS after each step and page-faults it in again at the next; after
