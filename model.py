@@ -312,9 +312,9 @@ def peak_flops(device):
 
 
 def keep_freed_memory():
-    """Training on a CPU: let glibc keep the memory a step frees for the next step. By default it hands large
-    freed blocks back to the OS and page-faults them in again: at nanoGPT's CPU size, 500-1800 faults and 1-3 ms
-    of kernel time per 35 ms step. False where the C library is not glibc (nothing changes there)."""
+    """Training on a CPU: let glibc keep the memory a step frees for the next step (process-wide, from now on).
+    By default it hands large freed blocks back to the OS and page-faults them in again: at nanoGPT's CPU size,
+    500-1800 faults and 1-3 ms of kernel time per 35 ms step. False where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError, TypeError):
