@@ -259,7 +259,7 @@ def test_timing_refuses_a_slower_kernel(fresh_checks):
         assert kernel.usable(CPU, torch.float32, (2, 4, 70, 16), kernel=slower) is False
         assert kernel.usable(CPU, torch.float32, (2, 4, 100, 16), kernel=slower) is False  # the same bucket
         assert kernel.usable(CPU, torch.float32, (4, 4, 100, 16), kernel=slower) is False
-    assert set(kernel._tuned) == {kernel.tuning_key(CPU, torch.float32, (B, 4, 128, 16)) for B in (2, 4)}
+    assert sorted(key[4:] for key in kernel._tuned) == [(8, 128), (16, 128)]  # (B·H, T bucket)
     assert set(kernel._tuned.values()) == {(kernel.SMALL, False)}
     assert kernel.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20  # ms: its sleep is counted
 
@@ -443,3 +443,40 @@ def test_backward_checks_the_layout_of_pv_and_lse():
             torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)  # dq's atomics may vary its last bits
     with pytest.raises(ValueError, match=r"lse \(1, 4, 9\), got \(1, 4, 9, 16\), \(1, 4, 9, 16\), \(1, 4, 8\)"):
         kernel._mix_bwd(dout, q, k, v, a, b, pv, lse[..., :8], SMALL[1])
+
+# -----------------------------------------------------------------------------
+# python kernel.py: a pass/fail gate (kernel_check.py)
+
+GATE_CPU_PARTS = ["--tests=False", "--gpt2_steps=0", "--timing=False"]  # on a GPU: only the float64 checks
+
+
+def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
+    """The gate's exit status: 1 when the kernel under test is wrong, 0 when it is right (planted kernels, so
+    that this runs in seconds; `python kernel.py` on a CPU checks the real kernel in the interpreter)."""
+    import kernel_check
+    assert kernel_check.main(GATE_CPU_PARTS, fn=dv_without_identity_term) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| float", "| bfloat"))]  # dtype, D, configs
+    assert len(rows) >= 4 and all("| FAIL: dv error" in row for row in rows), out  # fp32 and fp16, D = 64, 128
+    assert out.endswith("kernel check FAILED\n")
+    assert kernel_check.main(GATE_CPU_PARTS, fn=exact) == 0
+    assert capsys.readouterr().out.endswith("kernel check passed\n")
+    assert kernel_check.main(["--gpt2_steps=-1"], fn=exact) == 2
+    assert "gpt2_steps=-1 is not allowed" in capsys.readouterr().err
+
+
+def test_kernel_py_help_prints_help_and_checks_nothing():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "kernel.py", "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith('Fused causal "mix attention" in Triton')
+    assert "settings and their defaults:\n  --tests=True\n  --gpt2_steps=3\n  --timing=True" in run.stdout
+    assert "float64 check" not in run.stdout.split("settings and their defaults")[1]
+
+
+def test_sdpa_backend_is_named():
+    import kernel_check
+    (q, k, v, _, _), _ = make_inputs(1, 16, 16)
+    assert kernel_check.sdpa_backend(q, k, v) not in ("", "unknown")
