@@ -12,8 +12,8 @@ writing the output tile. The backward is flash-attention-2: recompute P tile by 
 Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads.
 Like SDPA's flash backward, dq is summed with fp32 atomics: on a GPU its last bits vary from run to run.
 
-    python kernel.py                     # pass/fail (exit status): on a GPU, everything kernel_check.py lists;
-                                         # on a CPU, the float64 checks in the Triton interpreter
+    python kernel.py       # pass/fail (exit status): on a GPU, everything kernel_check.py lists;
+                           # on a CPU, the float64 checks in the Triton interpreter
 """
 import contextlib
 import functools
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if __name__ == "__main__":  # the checks live in kernel_check.py, which imports this file as the module `kernel`
+if __name__ == "__main__":  # the checks live in kernel_check.py, which imports this file as module `kernel`
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must happen before triton kernels are defined
     import kernel_check
@@ -181,15 +181,16 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     _store_rows(DV + own, keys, a * do_own + b * dv, T, H * D, D)
     _store_rows(DK + own, keys, dk, T, H * D, D)
 # -----------------------------------------------------------------------------
-# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks, and the checks behind
-# impl='auto': every launch config is tested against float64 on the device before use, then timed against SDPA.
+# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks, and the checks
+# behind impl='auto': every launch config is tested against float64 on the device before use, then timed
+# against SDPA.
 
 
 # Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?, D ≤ 64). In
 # bf16 and fp16 each fits shared memory and has 0 register spills on sm_90 (Hopper) or sm_80, under triton 3.6
 # and 3.9 (test_compiles_for_hopper_and_ampere_without_spills). fp32 gets only the last, smallest one: it does
-# spill registers in fp32, which is slow but correct, and fp32 is for checks, not speed. Forward: BLOCK_N divides
-# BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
+# spill registers in fp32, which is slow but correct, and fp32 is for checks, not speed. Forward: BLOCK_N
+# divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
 CONFIGS = {
     ("fwd", True, True): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 2)],
     ("fwd", True, False): [(128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
@@ -200,7 +201,7 @@ CONFIGS = {
     ("bwd", False, True): [(32, 128, 8, 3), (32, 64, 4, 2)],
     ("bwd", False, False): [(16, 64, 8, 2), (16, 32, 4, 2)],
 }
-SMALL = ((32, 16, 4, 1), (16, 32, 4, 1))  # the interpreter's (forward, backward) configs: small, unequal tiles
+SMALL = ((32, 16, 4, 1), (16, 32, 4, 1))  # the interpreter's (forward, backward) configs: small, unequal
 
 
 def candidates(device, dtype, D):
@@ -243,8 +244,9 @@ def _mix_fwd(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, fwd_cfg: lis
     (q, k, v), (B, H, T, D) = _qkv(q, k, v), q.shape
     out, pv, lse = _new(q), _new(q), q.new_empty((B, H, T), dtype=torch.float32)
     with _on(q.device):
-        _fwd_kernel[(B * H, triton.cdiv(T, fwd_cfg[0]))](q, k, v, a.contiguous(), b.contiguous(), out, pv, lse, T, H,
-                                                         *q.stride()[:3], LOG2E / math.sqrt(D), D=D, **_kw(fwd_cfg, q))
+        _fwd_kernel[(B * H, triton.cdiv(T, fwd_cfg[0]))](
+            q, k, v, a.contiguous(), b.contiguous(), out, pv, lse, T, H, *q.stride()[:3],
+            LOG2E / math.sqrt(D), D=D, **_kw(fwd_cfg, q))
     return out, pv, lse  # (B, H, T, D) mixed output, (B, H, T, D) P·v, (B, H, T) log2-sum-exp2 of the scores
 
 
@@ -254,8 +256,8 @@ def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor
     q, k, v = _qkv(q, k, v)
     (B, H, T, D), strides, a, b = q.shape, q.stride()[:3], a.contiguous(), b.contiguous()
     if dout.shape != q.shape or pv.shape != q.shape or lse.shape != (B, H, T):
-        raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse {(B, H, T)}, "
-                         f"got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
+        raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse "
+                         f"{(B, H, T)}, got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
     layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T)
     if dout.stride() != layout or dout.dtype != q.dtype:  # in the model dout already has this layout
         dout = _new(q).copy_(dout)
@@ -266,10 +268,11 @@ def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor
     delta, scale = q.new_empty((B, H, T), dtype=torch.float32), 1.0 / math.sqrt(D)
     sums = q.new_empty((2, B, H, triton.cdiv(T, PRE_BLOCK)), dtype=torch.float32)
     with _on(q.device):
-        _bwd_pre_kernel[(B * H, triton.cdiv(T, PRE_BLOCK))](dout, pv, v, b, delta, dq, sums, T, H, *strides, scale,
-                                                             D=D, BLOCK=PRE_BLOCK)
-        _bwd_kernel[(B * H, triton.cdiv(T, bwd_cfg[1]))](q, k, v, a, b, dout, lse, delta, dq, dk, dv, T, H, *strides,
-                                                         LOG2E * scale, scale, D=D, **_kw(bwd_cfg, q))
+        _bwd_pre_kernel[(B * H, triton.cdiv(T, PRE_BLOCK))](
+            dout, pv, v, b, delta, dq, sums, T, H, *strides, scale, D=D, BLOCK=PRE_BLOCK)
+        _bwd_kernel[(B * H, triton.cdiv(T, bwd_cfg[1]))](
+            q, k, v, a, b, dout, lse, delta, dq, dk, dv, T, H, *strides, LOG2E * scale, scale,
+            D=D, **_kw(bwd_cfg, q))
     da, db = sums[0].sum((0, 2)).to(a.dtype), sums[1].sum((0, 2)).to(b.dtype)  # (H,): in a fixed order
     return dq.to(q.dtype), dk, dv, da, db
 
@@ -291,8 +294,11 @@ def _save(ctx, inputs, output):
     ctx.bwd_cfg = inputs[6]
 
 
-_mix_fwd.register_autograd(lambda ctx, dout, *_: (*_mix_bwd(dout, *ctx.saved_tensors, ctx.bwd_cfg), None, None),
-                           setup_context=_save)
+def _backward(ctx, dout, *_):  # gradients of q, k, v, a, b; none of the launch configs
+    return *_mix_bwd(dout, *ctx.saved_tensors, ctx.bwd_cfg), None, None
+
+
+_mix_fwd.register_autograd(_backward, setup_context=_save)
 
 
 def _check_inputs(q, k, v, a, b):
@@ -319,25 +325,26 @@ def _check_inputs(q, k, v, a, b):
 
 def mix_attention(q, k, v, a, b, configs=None):
     """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,). Differentiable.
-    configs: the (forward, backward) launch configs; None: SMALL in the interpreter, on a GPU the fastest of the
-    configs that pass accuracy() for this shape bucket, chosen at first use (ValueError where none passes)."""
+    configs: the (forward, backward) launch configs; None: SMALL in the interpreter, on a GPU the fastest of
+    the configs that pass accuracy() for this shape bucket, chosen at first use (ValueError if none does)."""
     _check_inputs(q, k, v, a, b)
     if configs is None and INTERPRET:
         configs = SMALL
     elif configs is None:
         configs = tune(q.device, q.dtype, tuple(q.shape))
         if configs is None:
-            raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, {q.dtype}, "
-                             f"head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
+            raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
+                             f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
         configs = configs[0]
     return _mix_fwd(q, k, v, a, b, list(configs[0]), list(configs[1]))[0]  # (B, H, T, D)
 
 # -----------------------------------------------------------------------------
-# The checks behind impl='auto', the way torch.backends.cudnn.benchmark picks algorithms: on the user's device, at
-# first use, never inside CUDA-graph capture. Each takes the function under test, so tests can plant wrong ones.
+# The checks behind impl='auto', the way torch.backends.cudnn.benchmark picks algorithms: on the user's
+# device, at first use, never inside CUDA-graph capture. Each takes the function under test, so tests can
+# plant wrong ones.
 
-# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: about 5 and 8-10 unit roundoffs
-# u (bf16 2^-8; fp16 and tf32 2^-11; fp32 dots run in tf32 unless TF32 is switched off, and then pass easily).
+# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: about 5 and 8-10 unit
+# roundoffs u (bf16 2^-8; fp16 and tf32 2^-11; fp32 dots run in tf32 unless TF32 is off, then pass easily).
 TOLERANCES = {torch.bfloat16: (2e-2, 3e-2), torch.float16: (2e-3, 5e-3), torch.float32: (2e-3, 5e-3)}
 # one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels where P is
 # close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
@@ -346,14 +353,14 @@ CHECK_HEADS = dict(a=[0.0, 1.0, -0.4 * 1.3, 0.3], b=[1.0, -1.0, 1.3, 0.8], q_sca
 
 def model_inputs(B, H, T, D, dtype, device, seed=0):
     """q, k, v as the model makes them (transposed views of one (B, T, 3·H·D) tensor), a, b, and dout as the
-    model's backward sends it; H = 4 gives CHECK_HEADS, other H a range of heads from attention to Laplacian."""
+    model's backward sends it. H = 4 gives CHECK_HEADS; other H heads ranging from attention to Laplacian."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, 3 * H * D, generator=g)
     a, b = torch.linspace(0, 1, H), torch.linspace(1, -1, H)  # attention ... Laplacian
     if H == len(CHECK_HEADS["a"]):
         a, b = torch.tensor(CHECK_HEADS["a"]), torch.tensor(CHECK_HEADS["b"])
         x[..., :H * D] *= torch.tensor(CHECK_HEADS["q_scale"]).repeat_interleave(D)
-    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in x.to(device, dtype).split(H * D, dim=2))  # (B, H, T, D)
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in x.to(device, dtype).split(H * D, dim=2))
     dout = torch.randn(B, T, H, D, generator=g).to(device, dtype).transpose(1, 2)
     return [t.detach().requires_grad_() for t in (q, k, v, a.to(device), b.to(device))], dout
 
@@ -369,8 +376,8 @@ def _fwd_bwd(fn, leaves, dout):  # (out, dq, dk, dv, da, db)
 
 def accuracy(fn, device, dtype, D, T=301):
     """fn's out and five gradients against float64 on this device, at a ragged T (full, diagonal and padded
-    tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its last
-    bits). Returns rows (what, error, tolerance); error = max|x - ref| / max|ref|, NaN if x is not finite."""
+    tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its
+    last bits). Returns rows (what, error, tolerance): error = max|x - ref| / max|ref|, NaN unless finite."""
     leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
     ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
     want = _fwd_bwd(reference, ref_leaves, dout.double())
@@ -393,7 +400,7 @@ def failures(rows):
 
 
 def time_fwd_bwd(fn, device, dtype, shape):
-    """Median ms of fn's forward + backward at this shape (model layout): do_bench on a GPU, a clock on a CPU."""
+    """Median ms of fn's forward + backward at this shape, model layout: do_bench on a GPU, a clock on CPU."""
     B, H, T, D = shape
     leaves, dout = model_inputs(B, H, T, D, dtype, device)
 
@@ -414,7 +421,7 @@ _tuned = {}  # (device, dtype, D, dot precision, B·H, T bucket) -> (fastest ver
 
 
 def _verify(device, dtype, D, kernel):
-    """The candidate config pairs whose kernel passes accuracy() here; when none does, warns once, in one line."""
+    """The candidate config pairs whose kernel passes accuracy() here; if none does, warns, in one line."""
     passed, why = [], "no launch config"
     for pair in candidates(device, dtype, D):
         try:
@@ -426,8 +433,8 @@ def _verify(device, dtype, D, kernel):
         else:
             passed.append(pair)
     if not passed:
-        warnings.warn(f"kernel.usable: the fused Triton kernel failed its float64 check on {device}, {dtype}, "
-                      f"head size {D} ({why}); using SDPA instead.")
+        warnings.warn(f"kernel.usable: the fused Triton kernel failed its float64 check on {device}, "
+                      f"{dtype}, head size {D} ({why}); using SDPA instead.")
     return passed
 
 
@@ -439,13 +446,14 @@ def tuning_key(device, dtype, shape):  # (device, dtype, D, dot precision, B·H,
 @torch.compiler.assume_constant_result  # torch.compile calls it once while tracing and keeps the answer
 def tune(device, dtype, shape, kernel=mix_attention):
     """For q of this shape (B, H, T, D): (the fastest launch config pair that passes accuracy(), whether the
-    kernel's forward + backward beats SDPA + epilogue), or None where no config passes. Checked once per (device,
-    dtype, D), timed once per B·H and T rounded up to a power of 2 (≤ 8192). Refuses to run inside CUDA-graph
-    capture (RuntimeError): checks and timings need synchronisation."""
-    device, D, key = torch.device(device), shape[-1], tuning_key(device, dtype, shape)
+    kernel's forward + backward beats SDPA + epilogue), or None where no config passes. Checked once per
+    (device, dtype, D), timed once per B·H and T rounded up to a power of 2 (≤ 8192). Refuses to run inside
+    CUDA-graph capture (RuntimeError): checks and timings need synchronisation."""
+    device = _device(device)
+    D, key = shape[-1], tuning_key(device, dtype, shape)
     if key in _tuned:
         return _tuned[key]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if _capturing(device):
         raise RuntimeError("kernel.tune: cannot check or time the kernel inside CUDA-graph capture; "
                            "run the model once before capturing")
     with _on(device), torch.inference_mode(False), torch.enable_grad():  # whatever mode the caller is in
@@ -463,12 +471,23 @@ def tune(device, dtype, shape, kernel=mix_attention):
 
 @torch.compiler.assume_constant_result
 def usable(device, dtype, shape, kernel=mix_attention) -> bool:
-    """For impl='auto': is the kernel correct and faster than SDPA + epilogue here, for q of this shape? (tune())
-    False for head sizes the kernel is not built for, and inside CUDA-graph capture before tune() ran."""
+    """For impl='auto': is the kernel correct and faster than SDPA + epilogue here, for q of this shape?
+    (tune()) False for head sizes the kernel is not built for, and inside CUDA-graph capture before tune()."""
+    device, shape = _device(device), tuple(shape)
     if shape[-1] not in HEAD_DIMS:
         return False
-    try:
-        tuned = tune(device, dtype, tuple(shape), kernel)
-    except RuntimeError:  # inside CUDA-graph capture: SDPA is always correct
+    if _capturing(device) and tuning_key(device, dtype, shape) not in _tuned:  # SDPA is right, always
         return False
+    tuned = tune(device, dtype, shape, kernel)
     return tuned is not None and tuned[1]
+
+
+def _device(device):  # "cuda" means the current CUDA device: name its index, so that it has one tuning key
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _capturing(device):
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -456,7 +456,7 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     monkeypatch.setattr(kernel, "usable", lambda *key: asked.append(key) or kernel_ok)
     head_op = OPS[op](4, **OPS[op].controls)
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
-    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # this device, dtype, shape
+    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
     monkeypatch.setitem(sys.modules, "kernel", None)  # triton not installed: `from kernel import usable` fails
     assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
 

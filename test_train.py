@@ -211,9 +211,9 @@ def test_a_run_records_and_prints_what_ran(workdir, capsys):
 
 
 def test_speed_is_per_iteration_and_leaves_evaluation_out(workdir, monkeypatch, capsys):
-    """On a clock where a step takes 0.5 s, an evaluation's forward pass 10 s and the first training forward 100 s
-    (compiling, tuning the kernel), every logged iteration took 500 ms and 2 × 4 × 32 tokens / 0.5 s = 512
-    tokens/s, whatever log_interval is and wherever evaluations fall."""
+    """On a clock where a step takes 0.5 s, an evaluation's forward pass 10 s and the first training forward
+    100 s (compiling, tuning the kernel), every logged iteration took 500 ms and 2 × 4 × 32 tokens / 0.5 s =
+    512 tokens/s, whatever log_interval is and wherever evaluations fall."""
     clock, step, forward, compiled = [1000.0], torch.optim.AdamW.step, GPT.forward, []
 
     def timed_step(self, *args, **kwargs):

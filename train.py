@@ -314,7 +314,7 @@ def train(cfg, given=frozenset()):
         say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} (context-free token frequencies)")
 
     # --- the training loop -----------------------------------------------------------------------------------------
-    if not cfg.eval_only:  # warm-up, untimed: torch.compile compiles and impl='auto' checks and times the kernel
+    if not cfg.eval_only:  # untimed warm-up: torch.compile compiles, impl='auto' checks and times the kernel
         zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=dev)
         with ctx:  # one forward and backward; its gradients are dropped, so no weight changes
             model(zeros, zeros)[1].backward()
