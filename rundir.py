@@ -23,8 +23,8 @@ _held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor])
 
 
 def lock_run_dir(out):
-    """Lock out/lock while this process writes the run: a second writer is refused, told which process holds it
-    (the file's first line). filelock.FileLock is the operating system's lock: flock on Linux and macOS,
+    """Lock out/lock while this process writes the run: a second writer is refused, told which process holds
+    it (the file's first line). filelock.FileLock is the operating system's lock: flock on Linux and macOS,
     LockFileEx on Windows. The OS releases it when the process ends, even by kill -9, so a stale lock never
     blocks the next run. Where there is no OS lock, FileLock is a marker file that names its process on the
     first line, and filelock takes it over once that process is gone."""

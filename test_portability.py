@@ -1,6 +1,6 @@
 """
-Training without the POSIX-only modules, as on Windows: tiny runs in subprocesses where importing `fcntl` and
-`resource` fails. This simulates what Windows lacks on this Linux machine; nothing here runs on Windows or macOS.
+Training without the POSIX-only modules, as on Windows: tiny runs in subprocesses where importing `fcntl`
+and `resource` fails. This simulates, on Linux, what Windows lacks; nothing here runs on Windows or macOS.
 
     python -m pytest -q test_portability.py
 """
@@ -58,7 +58,8 @@ def test_training_and_its_lock_work_without_fcntl_and_resource(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
         code, output = train_without_posix("out/busy", tmp_path)
-        assert code == 1 and f"error: out/busy is in use by another run (process {holder.pid})" in output, output
+        assert code == 1, output
+        assert f"error: out/busy is in use by another run (process {holder.pid})" in output, output
     finally:
         holder.kill()
         holder.wait()
