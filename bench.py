@@ -22,7 +22,8 @@ import time
 import torch
 
 from configurator import ConfigError, at_least, configure, one_of
-from model import GPT, GPTConfig, keep_freed_memory
+from hardware import keep_freed_memory
+from model import GPT, GPTConfig
 
 DEFAULTS = dict(what="ops", ops="attention,laplacian,mix", impls="sdpa", block_sizes="256", batch_size=8, iters=20,
                 repeats=5, nanogpt="")

@@ -9,7 +9,6 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
     python model.py --op=laplacian
 """
 
-import ctypes
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import hardware
 from operators import OPS, Attention, causal_softmax, operator_matrix
 
 # -----------------------------------------------------------------------------
@@ -229,7 +229,7 @@ class GPT(nn.Module):
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
         """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown devices."""
-        peak = peak_flops(self.lm_head.weight.device)
+        peak = hardware.peak_flops(self.lm_head.weight.device)
         if peak is None:
             return None
         cfg = self.config
@@ -297,32 +297,6 @@ class GPT(nn.Module):
 
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
-# dense bf16 peak FLOP/s of common GPUs, matched in this order against torch.cuda.get_device_name()
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
-                   "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
-                   "T4": 65e12}
-
-
-def peak_flops(device):
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
-
-def keep_freed_memory():
-    """Training on a CPU: let glibc keep the memory a step frees for the next step (process-wide, from now on).
-    By default it hands large freed blocks back to the OS and page-faults them in again: at nanoGPT's CPU size,
-    500-1800 faults and 1-3 ms of kernel time per 35 ms step. False where the C library is not glibc."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    # blocks below 32 MiB (glibc's largest allowed threshold) come from the heap, and its free top stays mapped
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30))
-
 
 # -----------------------------------------------------------------------------
 # Classroom demo: python model.py --op=laplacian

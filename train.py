@@ -25,7 +25,8 @@ import torch
 
 from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
-from model import GPT, PRETRAINED, GPTConfig, keep_freed_memory
+from hardware import keep_freed_memory
+from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_dir, save_checkpoint, save_config,
