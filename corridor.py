@@ -11,9 +11,8 @@ Given several runs it prints a table sorted by final val loss, then the seed gro
 in seed) with paired statistics against attention: each run minus the attention run of the same seed and
 config (same initial weights and data order), the mean of those differences with its 95% t confidence
 interval, the paired t-test p-value and the sign count ("k/n lower") with its exact sign-test p-value.
-It writes PNG figures into DIR (default: the first run's directory), among them corridor_curve.png when
-there are fixed-γ runs (val loss against a fixed γ with δ = 1), and with --csv one row per run
-(setting,seed,iters,val_loss,commit) from which anyone can recompute the statistics.
+It writes PNG figures, among them corridor_curve.png when there are fixed-γ runs (val loss against a fixed γ
+with δ = 1), and with --csv a table of the runs from which anyone can recompute the statistics.
 A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
 import csv
@@ -184,8 +183,7 @@ def paired_stats(diffs, level=0.95):
     if out["paired_std"] is None or out["paired_std"] <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return out
     test = stats.ttest_1samp(d, 0.0)  # two-sided
-    ci = test.confidence_interval(confidence_level=level)
-    out["ci"] = (float(ci.low), float(ci.high))
+    out["ci"] = tuple(float(x) for x in test.confidence_interval(confidence_level=level))  # (low, high)
     out["t"], out["p_t"] = float(test.statistic), float(test.pvalue)
     return out
 
@@ -558,14 +556,18 @@ def write_csv(runs, path):
 
 # -----------------------------------------------------------------------------
 # Command line
+OPTIONS = dict(
+    out="",  # the folder for the figures; default: the first run's directory
+    csv="",  # also write one row per run (setting,seed,iters,val_loss,commit) to this CSV file
+)
 
 
 def main(argv):
     usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
     paths = [a for a in argv if not a.startswith("-")]
     try:
-        opts, _ = configure(dict(out="", csv=""), [a for a in argv if a.startswith("-")],
-                            dict(out=nonempty, csv=nonempty), files=False)
+        opts, _ = configure(OPTIONS, [a for a in argv if a.startswith("-")], dict(out=nonempty, csv=nonempty),
+                            files=False, help_from=[("", sys.modules[__name__])])
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
         return 1
@@ -580,11 +582,9 @@ def main(argv):
         report(runs)
         written = [write_csv(runs, opts.csv)] if opts.csv else []
         try:
-            import matplotlib  # noqa: F401  (figures are optional: the tables and the CSV do not need them)
-        except ImportError:
-            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
-        else:
             written += plot(runs, opts.out or runs[0]["path"])
+        except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
+            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

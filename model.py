@@ -48,19 +48,19 @@ def resolve_impl(impl, op, q, dropout_p):
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024  # the context length T, in tokens
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # heads per block
+    n_embd: int = 768  # the width C; each head has C / n_head dimensions
+    dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
-    op: str = "mix"  # what every head applies to its values: a name in OPS
+    op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
     controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset ones take defaults
-    impl: str = "auto"  # auto | sdpa | materialized | triton
+    impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
     # GPT-2 was trained with the tanh approximation, so its imported weights need it; a model trained from
     # scratch does not care, and the exact GELU is the faster one on CPUs
-    gelu: str = "none"  # none (exact) | tanh
+    gelu: str = "none"  # the GELU: none (exact) or tanh (GPT-2's approximation)
 
     def __post_init__(self):
         def bad(key, allowed):
