@@ -147,15 +147,16 @@ def comments(source):
 def print_help(defaults, help_from):
     """The script's docstring (how to run it), then one line per setting: its default and what it does, the
     comment beside that default (prefixed, e.g. '(op=mix) ', by where it comes from)."""
-    texts = {}  # name -> {comment: the prefixes of the sources that say it}
+    said = {}  # name -> {comment: the prefixes of the sources that say it}
     for prefix, source in help_from:
-        for name, text in comments(source).items():
-            texts.setdefault(name, {}).setdefault(text, []).append(prefix)
-    settings = {f"--{k}={v!r}": "; ".join("".join(p) + t for t, p in texts.get(k, {}).items())
-                for k, v in defaults.items()}
-    width = min(36, max(map(len, settings)))
+        for name, comment in comments(source).items():
+            said.setdefault(name, {}).setdefault(comment, []).append(prefix)
+    settings = {k: f"--{k}={v!r}" for k, v in defaults.items()}
+    width = min(36, max(map(len, settings.values())))
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
-    print("\n".join(f"  {s:{width}}  {text}".rstrip() for s, text in settings.items()))
+    for k, setting in settings.items():
+        text = "; ".join("".join(prefixes) + comment for comment, prefixes in said.get(k, {}).items())
+        print(f"  {setting:{width}}  {text}".rstrip())
 
 
 def read_config_file(path):
