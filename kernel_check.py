@@ -25,7 +25,11 @@ import torch.nn.functional as F
 import kernel
 from configurator import ConfigError, at_least, configure
 
-DEFAULTS = dict(tests=True, gpt2_steps=3, timing=True)
+DEFAULTS = dict(
+    tests=True,  # (GPU) run pytest -q test_kernel.py on the real kernels
+    gpt2_steps=3,  # (GPU) GPT-2-small training steps to compare, impl=triton against impl=sdpa; 0: none
+    timing=True,  # (GPU) time the kernel against SDPA + epilogue, as impl='auto' does
+)
 TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12, 4096, 128)]  # (B, H, T, D)
 
 
@@ -133,7 +137,8 @@ def timing():
 def main(argv, fn=kernel.mix_attention):
     """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
     try:
-        cfg = configure(DEFAULTS, argv, dict(gpt2_steps=at_least(0)), files=False)[0]
+        cfg = configure(DEFAULTS, argv, dict(gpt2_steps=at_least(0)), files=False,
+                        help_from=[("", sys.modules[__name__])])[0]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
