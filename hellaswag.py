@@ -41,7 +41,7 @@ def render(example, encode, block_size):
     for ending in example["endings"]:
         ending = encode(" " + ending)  # the space belongs to the ending, as GPT-2's tokens start with it
         rows.append((context + ending)[-block_size:])
-        ending_lengths.append(min(len(ending), block_size - 1))  # the first token of a row is never predicted
+        ending_lengths.append(len(ending))
     return rows, ending_lengths, example["label"]
 
 
@@ -54,13 +54,14 @@ def batch_tensors(rendered):
     tokens, mask = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L)
     for i, (row, n) in enumerate(zip(rows, lengths)):
         tokens[i, :len(row)] = torch.tensor(row)
-        mask[i, len(row) - n:len(row)] = 1
+        mask[i, max(0, len(row) - n):len(row)] = 1  # an ending longer than the row: what is left of it
     return tokens, mask
 
 
 @torch.no_grad()
 def ending_losses(model, tokens, mask):
-    """Each row's mean loss over its ending tokens, (rows,): the loss of position t is that of token t+1."""
+    """Each row's mean loss over its ending tokens, (rows,). Position t's logits predict token t+1, so the first
+    token of a row, which nothing predicts, never counts."""
     logits = model(tokens, tokens)[0].float()  # targets only to get the logits of every position: (rows, L, vocab)
     losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
     mask = mask[:, 1:]

@@ -173,7 +173,7 @@ class RunLog:
 
 def wandb_numbers(record):
     """A log record as wandb charts it: its numbers, and every head's γ and δ as gamma/L{layer}H{head}, ..."""
-    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta") and v is not None}
+    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
     for name in ("gamma", "delta"):
         for layer, heads in enumerate(record.get(name, [])):
             for head, value in enumerate(heads):

@@ -231,7 +231,7 @@ def hand_mean_loss(context, ending, block_size):
     return sum(losses) / len(losses)
 
 
-@pytest.mark.parametrize("block_size", [64, 5])  # 5: the oldest context tokens are cut
+@pytest.mark.parametrize("block_size", [64, 5, 4])  # 5: the oldest context tokens are cut; 4: some endings' too
 def test_hellaswag_scores_what_the_hand_computation_says(block_size):
     rendered = [hellaswag.render(e, encode, block_size) for e in EXAMPLES]
     hand = [[hand_mean_loss(e["ctx"], ending, block_size) for ending in e["endings"]] for e in EXAMPLES]

@@ -310,7 +310,7 @@ def train(cfg, given=frozenset()):
         nonlocal best_val_loss
         losses = estimate_loss()
         record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": losses["train"],
-                  "val_loss": losses["val"], "val_bpb": None, "val_tokens": val_set.count}
+                  "val_loss": losses["val"], "val_tokens": val_set.count}
         line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
         if val_bytes:  # nats per token -> bits per byte
             record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
