@@ -207,11 +207,11 @@ class ShardLoader:
 
 
 class ValSet:
-    """The val set: the first val_tokens tokens of the val split (all of it when shorter), predicted in order by
-    block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may be
-    shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows r,
-    r + world_size, ..., and the sum of the per-token losses over all ranks, divided by `count`, is the val loss
-    (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
+    """The val set: the first val_tokens tokens of the val split (all of it when shorter), predicted in order
+    by block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may be
+    shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows
+    r, r + world_size, ..., and the sum of the per-token losses over all ranks, divided by `count`, is the val
+    loss (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
 
     def __init__(self, data_dir, block_size, val_tokens, rank=0, world_size=1, vocab_size=None):
         shards = find_shards(data_dir, "val")
@@ -225,12 +225,13 @@ class ValSet:
         self.tokens = np.concatenate(parts)
         self.count = len(self.tokens) - 1  # the tokens predicted, over all ranks
         if self.count < 1:
-            raise DataError(f"the val split of {data_dir} has {len(self.tokens)} tokens; it needs at least 2 to "
-                            "predict one: prepare the data with a larger --val_fraction")
+            raise DataError(f"the val split of {data_dir} has {len(self.tokens)} tokens; it needs at least 2 "
+                            "to predict one: prepare the data with a larger --val_fraction")
         self.T, self.starts = block_size, list(range(0, self.count, block_size))[rank::world_size]
 
     def batches(self, batch_size):
-        """This rank's windows as (x, y) int64 batches of up to batch_size; a short last window comes alone."""
+        """This rank's windows as (x, y) int64 batches of up to batch_size; a short last window comes
+        alone."""
         full = [s for s in self.starts if s + self.T <= self.count]
         for i in range(0, len(full), batch_size):
             yield self._batch(full[i:i + batch_size], self.T)
@@ -238,5 +239,6 @@ class ValSet:
             yield self._batch([s], self.count - s)
 
     def _batch(self, starts, T):
-        buf = torch.from_numpy(np.stack([self.tokens[s:s + T + 1] for s in starts]).astype(np.int64))  # (B, T+1)
+        windows = np.stack([self.tokens[s:s + T + 1] for s in starts])
+        buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
         return buf[:, :-1], buf[:, 1:]

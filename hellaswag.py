@@ -3,8 +3,9 @@ HellaSwag, completion style: a check that a lower loss means a better model of t
 
 Each example is a context and 4 endings, one of them right. The model reads context + " " + ending for each
 ending; its score for an ending is the mean loss of the ending's tokens (the length-normalised loss), and it
-picks the ending with the lowest. acc_norm is the fraction of examples where that pick is right (chance: 0.25).
-This is build-nanogpt's completion-style HellaSwag, by which GPT-2 124M scores 0.2955 on the 10,042 val examples.
+picks the ending with the lowest. acc_norm is the fraction of examples where that pick is right (chance:
+0.25). This is build-nanogpt's completion-style HellaSwag, by which GPT-2 124M scores 0.2955 on the 10,042 val
+examples.
 
     python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
     python train.py --init_from=gpt2 --dataset=openwebtext --eval_only=True --hellaswag_interval=1
@@ -34,8 +35,8 @@ def load_examples(out_dir="data"):
 
 
 def render(example, encode, block_size):
-    """An example as (rows, ending_lengths, label): 4 token rows, context + ending, each at most block_size (the
-    oldest context tokens are cut), and how many of each row's last tokens are the ending's."""
+    """An example as (rows, ending_lengths, label): 4 token rows, context + ending, each at most block_size
+    (the oldest context tokens are cut), and how many of each row's last tokens are the ending's."""
     context = encode(example["ctx"])
     rows, ending_lengths = [], []
     for ending in example["endings"]:
@@ -60,9 +61,9 @@ def batch_tensors(rendered):
 
 @torch.no_grad()
 def ending_losses(model, tokens, mask):
-    """Each row's mean loss over its ending tokens, (rows,). Position t's logits predict token t+1, so the first
-    token of a row, which nothing predicts, never counts."""
-    logits = model(tokens, tokens)[0].float()  # targets only to get the logits of every position: (rows, L, vocab)
+    """Each row's mean loss over its ending tokens, (rows,). Position t's logits predict token t+1, so the
+    first token of a row, which nothing predicts, never counts."""
+    logits = model(tokens, tokens)[0].float()  # targets: to get every position's logits; (rows, L, vocab)
     losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
     mask = mask[:, 1:]
     return (losses.view(mask.shape) * mask).sum(1) / mask.sum(1)  # (rows,)

@@ -6,7 +6,7 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
     python prepare_data.py text --input=book.txt            # any UTF-8 file, or a folder of .txt files
     python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
     python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
-    python prepare_data.py hellaswag                        # HellaSwag's val set, for train.py's hellaswag_interval
+    python prepare_data.py hellaswag                        # HellaSwag's val set (train.py's hellaswag_interval)
 
 Options, for the corpora they apply to: --out_dir=data (all); --tokenizer=char|byte|gpt2 --shard_size=100000000
 --val_fraction=0.1 --name=NAME (pydocs, shakespeare_char, text); --input=PATH (text); --val_fraction=0.0005
@@ -28,8 +28,8 @@ The hub corpora are pinned to one revision each, so they are the same wherever t
   fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header and
   token ids have been checked; a broken download is deleted and named.
 - hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
-  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text not
-  tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
+  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
+  not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
 """
 import errno
 import hashlib
@@ -62,7 +62,8 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
-# the repository's parquet conversion; revision and file name as seen in public code, not checked from here (no network)
+# the repository's parquet conversion; the revision and file name as seen in public code and the hub's listing,
+# not checked from here (no network)
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
@@ -148,7 +149,7 @@ def get_tokenizer(meta):
 def token_bytes(meta):
     """The UTF-8 bytes of each token id's text, (vocab_size,) int64: what bits per byte divides by. It follows
     from the tokenizer alone, so datasets prepared at any time get it the same way. GPT-2's end-of-text token
-    marks where a document starts and is no text of it: 0 bytes (nanochat counts its special tokens so too)."""
+    marks where a document starts and is no text of it: 0 bytes (as nanochat counts its special tokens)."""
     if meta["tokenizer"] == "byte":
         return np.ones(256, dtype=np.int64)
     if meta["tokenizer"] == "char":
@@ -405,8 +406,9 @@ def _encode_for_worker(text):
 
 
 def parquet_columns(path, file, columns):
-    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory stays
-    flat). A file pyarrow cannot read, or without those columns, is deleted, so the next run fetches it again."""
+    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
+    stays flat). A file pyarrow cannot read, or one without those columns, is deleted, so the next run fetches
+    it again."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -535,7 +537,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
 
 
 def prepare_hellaswag(out_dir="data"):
-    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: {"ctx", "endings", "label"}."""
+    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: ctx, endings, label."""
     data_dir, staging = dataset_dirs(out_dir, "hellaswag")
     path = os.path.join(data_dir, "val.jsonl")
     if os.path.exists(path):
@@ -552,8 +554,8 @@ def prepare_hellaswag(out_dir="data"):
                 all(isinstance(e, str) for e in endings) and label in ("0", "1", "2", "3")
             if not ok:
                 shutil.rmtree(staging)
-                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and a label "
-                                "0..3; deleted the download: run the same command again to fetch it anew")
+                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and a "
+                                "label 0..3; deleted the download: run the same command again to fetch it anew")
             examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
     os.makedirs(data_dir, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:

@@ -2,8 +2,8 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings that ran
-    log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr, speed), eval
-                  (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
+    log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr,
+                  speed), eval (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
     ckpt.pt       model, optimizer, settings, iteration, loader position and the dataset's meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory

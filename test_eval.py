@@ -1,8 +1,8 @@
 """
-Tests for the evaluation: the fixed val set (dataloader.ValSet and train.py's val loss, the same for every batch
-size, seed and number of processes), bits per byte, HellaSwag (prepared from a fake hub, scored against a hand
-computation) and what a research run logs (the gradient norm before clipping, every head's γ/δ in wandb,
-save_every's checkpoints).
+Tests for the evaluation: the fixed val set (dataloader.ValSet and train.py's val loss, the same for every
+batch size, seed and number of processes), bits per byte, HellaSwag (prepared from a fake hub, scored against
+a hand computation) and what a research run logs (the gradient norm before clipping, every head's γ/δ in
+wandb, save_every's checkpoints).
 
     python -m pytest -q test_eval.py
 """
@@ -34,7 +34,7 @@ def printed_val_loss(out):
     return re.findall(r"step \d+: train loss \d+\.\d+, val loss (\d+\.\d+)", out)
 
 
-# --- the fixed val set ------------------------------------------------------------------------------------------
+# --- the fixed val set --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("val_tokens", [1000, 40, 41])
@@ -47,7 +47,7 @@ def test_val_set_predicts_the_first_val_tokens_once_each_whatever_the_batch_and_
         for batch_size in (1, 3, 16):
             predicted = []
             for rank in range(world_size):
-                val = ValSet(str(tmp_path), block_size=8, val_tokens=val_tokens, rank=rank, world_size=world_size)
+                val = ValSet(str(tmp_path), 8, val_tokens, rank=rank, world_size=world_size)  # block_size 8
                 assert val.count == count
                 for x, y in val.batches(batch_size):
                     assert x.shape == y.shape and x.shape[0] <= batch_size and torch.equal(y, x + 1)
@@ -74,14 +74,15 @@ def test_one_checkpoint_gives_one_val_loss_for_every_batch_size_seed_and_process
         train_losses.add(re.search(r"train loss (\d+\.\d+)", out).group(1))
     assert len(train_losses) > 1  # the train estimate samples batches: the settings do change what it reads
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        os.path.join(HERE, "train.py"), *TINY, "--eval_only=True", "--gradient_accumulation_steps=2",
-                        "--out_dir=out/v"],
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+                        os.path.join(HERE, "train.py"), *TINY, "--eval_only=True",
+                        "--gradient_accumulation_steps=2", "--out_dir=out/v"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert printed_val_loss(p.stdout) == [logged]  # each rank half the windows, their sums added
 
 
-# --- bits per byte ------------------------------------------------------------------------------------------------
+# --- bits per byte ------------------------------------------------------------------------------------------
 
 
 def test_token_bytes_of_each_tokenizer(tiny_enc):
@@ -113,7 +114,7 @@ def test_bits_per_byte_and_gradient_norm_in_every_record(workdir, capsys):
     assert all(r["grad_norm"] > 0 for r in read_log("out/noclip", "train"))  # measured without clipping too
 
 
-# --- what a research run keeps: γ/δ in wandb, step checkpoints ---------------------------------------------------
+# --- what a research run keeps: γ/δ in wandb, step checkpoints ----------------------------------------------
 
 
 def test_wandb_gets_every_heads_gamma_and_delta(workdir, monkeypatch):
@@ -129,7 +130,8 @@ def test_wandb_gets_every_heads_gamma_and_delta(workdir, monkeypatch):
     assert len(sent) == len(evals) == 2
     for record, numbers in zip(evals, sent):
         assert numbers["val_loss"] == record["val_loss"] and numbers["val_bpb"] == record["val_bpb"]
-        heads = {f"{name}/L{l}H{h}": record[name][l][h] for name in ("gamma", "delta") for l in range(2) for h in range(2)}
+        heads = {f"{name}/L{layer}H{head}": record[name][layer][head]
+                 for name in ("gamma", "delta") for layer in range(2) for head in range(2)}
         assert {k: numbers[k] for k in heads} == heads
     assert all("grad_norm" in numbers for step, numbers in logged if "loss" in numbers)
 
@@ -138,21 +140,24 @@ def test_save_every_keeps_step_checkpoints_and_resume_reads_ckpt(workdir, capsys
     run("--max_iters=4", "--eval_interval=2", "--save_every=2", "--out_dir=out/s")
     for it in (2, 4):
         assert torch.load(f"out/s/ckpt_{it:06d}.pt", weights_only=True)["iter_num"] == it
-    last, step4 = (torch.load(f"out/s/{f}", weights_only=True)["model"] for f in ("ckpt.pt", "ckpt_000004.pt"))
+    last, step4 = (torch.load(f"out/s/{f}", weights_only=True)["model"]
+                   for f in ("ckpt.pt", "ckpt_000004.pt"))
     assert all(torch.equal(last[k], step4[k]) for k in last)
     os.remove("out/s/ckpt_000004.pt")
     run("--max_iters=6", "--init_from=resume", "--out_dir=out/s")  # from ckpt.pt at iter 4
-    assert sorted(f for f in os.listdir("out/s") if f.startswith("ckpt_")) == ["ckpt_000002.pt", "ckpt_000006.pt"]
+    kept = sorted(f for f in os.listdir("out/s") if f.startswith("ckpt_"))
+    assert kept == ["ckpt_000002.pt", "ckpt_000006.pt"]
     with pytest.raises(ValueError, match="save_every=3 must be a multiple of eval_interval=2"):
         run("--max_iters=4", "--eval_interval=2", "--save_every=3", "--out_dir=out/s3")
 
 
-# --- HellaSwag ------------------------------------------------------------------------------------------------------
+# --- HellaSwag ----------------------------------------------------------------------------------------------
 
 
 def hellaswag_rows(n):
     return {"ind": list(range(n)), "ctx": [f"Context {i} ends" for i in range(n)],
-            "endings": [[f"ending {i}.{j}" for j in range(4)] for i in range(n)], "label": [str(i % 4) for i in range(n)]}
+            "endings": [[f"ending {i}.{j}" for j in range(4)] for i in range(n)],
+            "label": [str(i % 4) for i in range(n)]}  # a string, as in the hub's parquet
 
 
 class HellaSwagHub(FakeHub):
@@ -166,7 +171,8 @@ def test_prepare_hellaswag_from_the_hub(tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "data")
     pd.prepare("hellaswag", out_dir=out)
     examples = hellaswag.load_examples(out)
-    assert examples[3] == {"ctx": "Context 3 ends", "endings": [f"ending 3.{j}" for j in range(4)], "label": 3}
+    assert examples[3] == {"ctx": "Context 3 ends", "endings": [f"ending 3.{j}" for j in range(4)],
+                           "label": 3}
     assert len(examples) == 10 and hub.downloads == [pd.HELLASWAG_FILE]
     assert set(os.listdir(out)) == {"hellaswag", ".hellaswag.lock"}  # the staging folder is gone
     pd.prepare("hellaswag", out_dir=out)
@@ -195,7 +201,7 @@ def test_a_broken_hellaswag_download_is_deleted_not_used(tmp_path, monkeypatch, 
         pd.prepare("hellaswag", out_dir=str(out))
     assert not (out / "hellaswag" / "val.jsonl").exists()
     assert not list((out / ".hellaswag.staging").rglob("*.parquet"))  # deleted: the next run fetches it again
-    with pytest.raises(DataError, match=r"no HellaSwag at .*; fetch it with `python prepare_data.py hellaswag"):
+    with pytest.raises(DataError, match=r"no HellaSwag at .*; fetch it with `python prepare_data.py hellasw"):
         hellaswag.load_examples(str(out))
 
 
@@ -223,7 +229,7 @@ EXAMPLES = [{"ctx": "ab", "endings": ["a", "bc", "cab", "ca"], "label": 1},
 def hand_mean_loss(context, ending, block_size):
     """The mean of -log p(token | previous token) over the ending's tokens, with plain floats."""
     text = (context + " " + ending)[-block_size:]
-    n_ending = min(len(ending) + 1, block_size - 1)  # " " + ending, and the first token of a row is not predicted
+    n_ending = min(len(ending) + 1, block_size - 1)  # " " + ending; a row's first token is not predicted
     losses = []
     for p in range(len(text) - n_ending, len(text)):
         row = W[VOCAB.index(text[p - 1])]
@@ -231,7 +237,7 @@ def hand_mean_loss(context, ending, block_size):
     return sum(losses) / len(losses)
 
 
-@pytest.mark.parametrize("block_size", [64, 5, 4])  # 5: the oldest context tokens are cut; 4: some endings' too
+@pytest.mark.parametrize("block_size", [64, 5, 4])  # 5: the oldest context tokens cut; 4: some endings' too
 def test_hellaswag_scores_what_the_hand_computation_says(block_size):
     rendered = [hellaswag.render(e, encode, block_size) for e in EXAMPLES]
     hand = [[hand_mean_loss(e["ctx"], ending, block_size) for ending in e["endings"]] for e in EXAMPLES]
@@ -258,11 +264,12 @@ def test_hellaswag_length_normalisation_is_what_decides():
 def test_a_model_that_prefers_the_right_ending_scores_100_percent():
     """A model that always expects 'c' next: the right ending is the one made of c's."""
     prefers_c = [[0.0, 0.0, 0.0, 5.0]] * 4
-    examples = [{"ctx": "ab a", "endings": ["ccc" if j == k else "ab"[j % 2] * 3 for j in range(4)], "label": k}
-                for k in (0, 1, 2, 3, 2)]
+    examples = [{"ctx": "ab a", "endings": ["ccc" if j == k else "ab"[j % 2] * 3 for j in range(4)],
+                 "label": k} for k in (0, 1, 2, 3, 2)]
     rendered = [hellaswag.render(e, encode, 64) for e in examples]
     assert hellaswag.score(Bigram(prefers_c), rendered, 2, "cpu") == 1.0
-    assert hellaswag.score(Bigram([[0.0, 0.0, 5.0, 0.0]] * 4), rendered, 2, "cpu") < 0.5  # one that prefers 'b'
+    prefers_b = [[0.0, 0.0, 5.0, 0.0]] * 4
+    assert hellaswag.score(Bigram(prefers_b), rendered, 2, "cpu") < 0.5
 
 
 def write_hellaswag(examples):
@@ -279,11 +286,13 @@ def checkpoint_model(out):
 
 
 def test_train_scores_hellaswag_when_asked(workdir, capsys):
-    """In training (at multiples of hellaswag_interval, logged) and with eval_only on the checkpoint: the score
-    is hellaswag.score's on that model. A char dataset is refused: its vocabulary lacks HellaSwag's text."""
+    """In training (at multiples of hellaswag_interval, logged) and with eval_only on the checkpoint: the
+    score is hellaswag.score's on that model. A char dataset is refused: its vocabulary lacks HellaSwag's
+    text."""
     pd.prepare_documents("bytes", pd.pydocs_documents()[:20], "data", tokenizer="byte")
-    examples = [{"ctx": f"The {w} of the module", "endings": ["is a function.", "returns None.", "xyz qq", "raises."],
-                 "label": i % 4} for i, w in enumerate(["name", "value", "type", "size", "body"])]
+    endings = ["is a function.", "returns None.", "xyz qq", "raises."]
+    examples = [{"ctx": f"The {w} of the module", "endings": endings, "label": i % 4}
+                for i, w in enumerate(["name", "value", "type", "size", "body"])]
     write_hellaswag(examples)
     run("--dataset=bytes", "--max_iters=4", "--eval_interval=2", "--hellaswag_interval=4", "--out_dir=out/h")
     evals = read_log("out/h", "eval")
@@ -299,7 +308,8 @@ def test_train_scores_hellaswag_when_asked(workdir, capsys):
     with pytest.raises(ValueError, match="HellaSwag needs a byte or gpt2 dataset"):
         run("--max_iters=2", "--eval_interval=2", "--hellaswag_interval=2", "--out_dir=out/c")
     with pytest.raises(ValueError, match="hellaswag_interval=3 must be a multiple of eval_interval=2"):
-        run("--dataset=bytes", "--max_iters=2", "--eval_interval=2", "--hellaswag_interval=3", "--out_dir=out/c")
+        run("--dataset=bytes", "--max_iters=2", "--eval_interval=2", "--hellaswag_interval=3",
+            "--out_dir=out/c")
 
 
 def test_eval_only_on_a_local_gpt2_reports_hellaswag(workdir, tiny_enc, capsys):
@@ -310,7 +320,8 @@ def test_eval_only_on_a_local_gpt2_reports_hellaswag(workdir, tiny_enc, capsys):
     hf.save_pretrained("tiny-gpt2")
     pd.prepare_documents("tok", pd.pydocs_documents()[:10], "data", tokenizer="gpt2")  # tiny_enc's tokens
     write_hellaswag(EXAMPLES)
-    run("--init_from=tiny-gpt2", "--dataset=tok", "--eval_only=True", "--hellaswag_interval=1", "--out_dir=out/g")
+    run("--init_from=tiny-gpt2", "--dataset=tok", "--eval_only=True", "--hellaswag_interval=1",
+        "--out_dir=out/g")
     out = capsys.readouterr().out
     model = GPT.from_pretrained("tiny-gpt2").eval()
     model.crop_block_size(32)

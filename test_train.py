@@ -436,7 +436,7 @@ def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
 def test_best_val_loss_stays_the_best_when_every_evaluation_saves(workdir):
     run("--learning_rate=0.1", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True", "--out_dir=out/a")
     val = [r["val_loss"] for r in read_log("out/a", "eval")]
-    assert min(val) < val[-1]  # at this learning rate the loss jumps up after iter 2: the last is not the best
+    assert min(val) < val[-1]  # at this learning rate the loss jumps after iter 2: the last is not the best
     assert torch.load("out/a/ckpt.pt", weights_only=True)["best_val_loss"] == min(val)
 
 
@@ -536,7 +536,7 @@ def test_ddp_two_processes_match_one(workdir):
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5), k
     for a, b in zip(read_log("out/single", "eval"), read_log("out/ddp", "eval")):
-        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # the ranks share the val set, not repeat it
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # the ranks share the val set
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1  # only rank 0 prints, saves
     assert [r["tokens"] for r in read_log("out/ddp", "train")] == [r["tokens"] for r in read_log("out/single", "train")]

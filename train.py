@@ -205,8 +205,8 @@ def train(cfg, given=frozenset()):
                           f"the number of processes ({world_size})")
     for k in ("hellaswag_interval", "save_every"):
         if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
-            raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of eval_interval={cfg.eval_interval}: "
-                              "it happens at evaluations")
+            raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
+                              f"eval_interval={cfg.eval_interval}: it happens at evaluations")
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
@@ -241,7 +241,7 @@ def train(cfg, given=frozenset()):
                                        model.config.vocab_size, cfg.seed)
     train_loader, eval_train_loader = loader("train"), loader("train")
     val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, rank, world_size, model.config.vocab_size)
-    try:  # bits per byte: the val loss in bits, over the UTF-8 bytes of the text that val predicts (counted once)
+    try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts, counted once
         val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
     except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
         val_bytes = None
@@ -249,10 +249,10 @@ def train(cfg, given=frozenset()):
     rendered = None  # HellaSwag's examples as token rows, tokenised once
     if cfg.hellaswag_interval:
         if meta["tokenizer"] == "char":
-            raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary lacks most of "
-                              "its characters; use hellaswag_interval=0")
+            raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary "
+                              "lacks most of its characters; use hellaswag_interval=0")
         encode = get_tokenizer(meta)[0]
-        rendered = [hellaswag.render(example, encode, cfg.block_size) for example in hellaswag.load_examples()]
+        rendered = [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
     iter_num, best_val_loss, tokens, resuming = 0, float("inf"), 0, ckpt is not None
     if resuming:
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -286,13 +286,14 @@ def train(cfg, given=frozenset()):
 
     @torch.no_grad()
     def estimate_loss():
-        """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an estimate
-        from the same eval_iters sampled batches every time (the split is too large to read whole), averaged."""
+        """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an
+        estimate from the same eval_iters sampled batches every time (the split is too large to read whole),
+        averaged over the ranks."""
         raw_model.eval()
         val_sum = 0.0
         for x, y in val_set.batches(cfg.batch_size):
             with ctx:
-                val_sum += raw_model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss is the batch's mean
+                val_sum += raw_model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss: the batch's mean
         train_sum = torch.zeros((), device=dev)
         eval_train_loader.reset()  # the same batches at every evaluation
         for _ in range(cfg.eval_iters):
@@ -302,7 +303,8 @@ def train(cfg, given=frozenset()):
         sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if ddp else "cpu")
         if ddp:
             torch.distributed.all_reduce(sums)
-        return {"val": sums[0].item() / val_set.count, "train": sums[1].item() / (cfg.eval_iters * world_size)}
+        val_total, train_total = sums.tolist()
+        return {"val": val_total / val_set.count, "train": train_total / (cfg.eval_iters * world_size)}
 
     def evaluate_and_save():
         """Losses, bits per byte, HellaSwag when due and every head's (γ, δ), printed and logged; then the
@@ -315,8 +317,10 @@ def train(cfg, given=frozenset()):
         if val_bytes:  # nats per token -> bits per byte
             record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
             line += f" ({record['val_bpb']:.4f} bits/byte)"
-        if rendered is not None and (cfg.eval_only or iter_num % cfg.hellaswag_interval == 0 or iter_num == cfg.max_iters):
-            record["hellaswag"] = hellaswag.score(raw_model, rendered, cfg.batch_size, dev, rank, world_size, ctx)
+        if rendered is not None and (cfg.eval_only or iter_num % cfg.hellaswag_interval == 0
+                                     or iter_num == cfg.max_iters):  # rendered: hellaswag_interval is not 0
+            record["hellaswag"] = hellaswag.score(raw_model, rendered, cfg.batch_size, dev, rank, world_size,
+                                                  ctx)
             line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(rendered):,} examples)"
         gamma, delta = raw_model.gamma_delta()
         say(f"{line} | {corridor_summary(gamma, delta)}")
@@ -325,8 +329,9 @@ def train(cfg, given=frozenset()):
         if not writes or iter_num == 0:
             return
         state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "model_args": asdict(raw_model.config), "iter_num": iter_num, "best_val_loss": min(best_val_loss, losses["val"]),
-                 "tokens": tokens, "config": vars(cfg), "loader": train_loader.state_dict(), "meta": meta}
+                 "model_args": asdict(raw_model.config), "iter_num": iter_num,
+                 "best_val_loss": min(best_val_loss, losses["val"]), "tokens": tokens, "config": vars(cfg),
+                 "loader": train_loader.state_dict(), "meta": meta}
         if losses["val"] < best_val_loss or cfg.always_save_checkpoint:
             best_val_loss = state["best_val_loss"]
             save_checkpoint(ckpt_path, state)
@@ -379,7 +384,7 @@ def train(cfg, given=frozenset()):
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
-        # the norm before clipping, logged: its spikes warn of instability; max_norm=inf measures without clipping
+        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure, never clip)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         scaler.step(optimizer)
         scaler.update()
@@ -392,10 +397,11 @@ def train(cfg, given=frozenset()):
             dt_iter, t0, iter0 = (time.time() - t0) / (iter_num - iter0), time.time(), iter_num
             mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
             grad_normf = grad_norm.item()  # this iteration's, before clipping
-            say(f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, {dt_iter * 1000:.1f} ms/iter, "
-                f"{tokens_per_iter / dt_iter:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf, "lr": lr,
-                 "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+            say(f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
+                f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s"
+                + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
+            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf,
+                 "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
     # --- the end ---------------------------------------------------------------------------------------------------
     gamma, delta = raw_model.gamma_delta()
