@@ -73,8 +73,9 @@ def ending_losses(model, tokens, mask):
 def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcontext()):
     """acc_norm of `model` on the rendered examples: this rank takes examples rank, rank + world_size, ... in
     batches of batch_size examples (4·batch_size rows); with torch.distributed running, the counts are summed
-    over the ranks."""
-    mine, correct = rendered[rank::world_size], 0
+    over the ranks. The model is scored in eval mode (no dropout) and left in the mode it was in."""
+    mine, correct, training = rendered[rank::world_size], 0, model.training
+    model.eval()
     for i in range(0, len(mine), batch_size):
         batch = mine[i:i + batch_size]
         tokens, mask = batch_tensors(batch)
@@ -82,6 +83,7 @@ def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcon
             losses = ending_losses(model, tokens.to(device), mask.to(device)).view(-1, 4)  # (examples, 4)
         picks = losses.argmin(1).cpu()
         correct += int((picks == torch.tensor([label for _, _, label in batch])).sum())
+    model.train(training)
     counts = torch.tensor([correct, len(mine)], device=device)  # int64: exact, and every backend sums it
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(counts)

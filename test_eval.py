@@ -210,13 +210,16 @@ encode = lambda s: [VOCAB.index(c) for c in s]  # noqa: E731
 
 
 class Bigram(torch.nn.Module):
-    """A model whose next-token logits at a position depend only on that position's token: W[token]."""
+    """A model whose next-token logits at a position depend only on that position's token: W[token]. It
+    records whether it ran in training mode."""
 
     def __init__(self, W):
         super().__init__()
         self.W = torch.nn.Parameter(torch.tensor(W, dtype=torch.float32))
+        self.modes = []
 
     def forward(self, idx, targets=None):
+        self.modes.append(self.training)
         return self.W[idx], None
 
 
@@ -267,7 +270,9 @@ def test_a_model_that_prefers_the_right_ending_scores_100_percent():
     examples = [{"ctx": "ab a", "endings": ["ccc" if j == k else "ab"[j % 2] * 3 for j in range(4)],
                  "label": k} for k in (0, 1, 2, 3, 2)]
     rendered = [hellaswag.render(e, encode, 64) for e in examples]
-    assert hellaswag.score(Bigram(prefers_c), rendered, 2, "cpu") == 1.0
+    model = Bigram(prefers_c)  # in training mode, as train.py's model between evaluations
+    assert hellaswag.score(model, rendered, 2, "cpu") == 1.0
+    assert model.modes == [False] * 3 and model.training  # scored in eval mode (no dropout), then given back
     prefers_b = [[0.0, 0.0, 5.0, 0.0]] * 4
     assert hellaswag.score(Bigram(prefers_b), rendered, 2, "cpu") < 0.5
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, fields
 import torch
 
 from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
-import hellaswag
 from dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
+import hellaswag
 from model import GPT, PRETRAINED, GPTConfig, keep_freed_memory
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared, get_tokenizer, token_bytes
