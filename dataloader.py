@@ -166,6 +166,17 @@ def find_shards(data_dir, split):
     return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
 
 
+def loader_state_problem(state):
+    """What makes state other than what ShardLoader.state_dict returns, in words, or None. It names types, never
+    values: a value from a hostile checkpoint could print as many lines."""
+    if type(state) is not dict:
+        return f"it is a {type(state).__name__}"
+    if sorted(state, key=str) != ["epoch", "pos", "shard"]:
+        return "it has other keys"
+    return ", ".join(f"{key} is a {type(state[key]).__name__}" for key in ("epoch", "shard", "pos")
+                     if type(state[key]) is not int) or None
+
+
 class ShardLoader:
     """Batches of block_size+1-token windows from memory-mapped shards, in a seeded shuffled order.
 
@@ -200,10 +211,10 @@ class ShardLoader:
     def load_state_dict(self, state):
         """Continue from state (from state_dict, kept in a checkpoint, so it is checked: it may come from
         anywhere)."""
-        wrong = [key for key in ("epoch", "shard", "pos") if type(state.get(key)) is not int]
-        if type(state) is not dict or sorted(state) != ["epoch", "pos", "shard"] or wrong:
-            raise DataError(f"loader state {str(state)[:80]!r} is not the integers epoch, shard and pos that "
-                            "train.py saves; the checkpoint was edited or comes from elsewhere")
+        problem = loader_state_problem(state)
+        if problem:
+            raise DataError(f"the checkpoint's loader state is not the integers epoch, shard and pos that train.py "
+                            f"saves ({problem}); the checkpoint was edited or comes from elsewhere")
         if state["epoch"] < 0 or state["pos"] < 0:
             raise DataError(f"loader state has epoch {state['epoch']} and pos {state['pos']}; both must be ≥ 0: "
                             "the checkpoint was edited or comes from elsewhere")

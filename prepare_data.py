@@ -199,7 +199,8 @@ def split_documents(docs, val_fraction):
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
-NAME_LENGTH = 100  # the longest shard name, NAME_train_000001.bin.tmp, stays far below the 255 a file system allows
+NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even
+#                   when every character takes the 4 bytes of UTF-8's longest
 
 
 def check_dataset_name(key, name):
@@ -244,9 +245,10 @@ def prepared_from(data_dir, source):
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
     # train.py prepares pydocs into data/ without any --out_dir given: the messages name the folder, not a flag
+    lock_path = os.path.join(out_dir, f".{name}.lock")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open_regular(os.path.join(out_dir, f".{name}.lock"), "ab+")  # kept: its content does not matter
+        lock = open_regular(lock_path, "ab+")  # kept: its content does not matter
     except FileExistsError:
         raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into another folder "
                         "with prepare_data.py --out_dir=DIR") from None
@@ -258,8 +260,11 @@ def preparing(out_dir, name):
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"another process is preparing {name} (it holds {lock.name}): waiting for it to finish")
+                print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
                 fcntl.flock(lock, fcntl.LOCK_EX)
+        staging = dataset_dirs(out_dir, name)[1]
+        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never written through
+            os.remove(staging)
         try:
             yield
         except OSError as e:
@@ -274,8 +279,6 @@ def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
     out_dir/name with them. meta.json goes first and comes back last: a process killed in between leaves a
     folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
     data_dir, staging = dataset_dirs(out_dir, name)
-    if os.path.islink(staging):  # not ours: a link is removed, never followed
-        os.remove(staging)
     shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted run (the lock keeps others out)
     os.makedirs(staging)
     try:
@@ -518,7 +521,9 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
                         f"({extra[0]} ...), which training would read too; delete them or ask for more shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
-    todo = [file for file in files if not (os.path.isfile(final(file)) and os.path.getsize(final(file)) == sizes[file])]
+    done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
+            os.path.getsize(final(file)) == sizes[file]]
+    todo = [file for file in files if file not in done]
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
           f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
