@@ -7,6 +7,9 @@ Settings start at a script's defaults. Each config file (Python that assigns nam
 --key=value argument does (the value is read as a Python literal, else taken as text). Each setting is checked
 once, here: an unknown key gets a "did you mean", a value of the wrong type or outside its range gets one line
 that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
+
+It also holds open_regular, the one way every script opens a file it parses or writes (a config file, a
+dataset's files, a run directory's): regular files only, never through a link.
 """
 import difflib
 import errno
@@ -130,8 +133,8 @@ def configure(defaults, argv, rules=None, files=True):
 def read_config_file(path):
     """The names a config file assigns (it is Python, like nanoGPT's), as a dict."""
     if not os.path.lexists(path):
-        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py (settings are "
-                          "written --key=value)")
+        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
+                          "(settings are written --key=value)")
     try:
         f = open_regular(path, encoding="utf-8")
     except ConfigError as e:  # a folder or a FIFO, say: it is named for what it is
@@ -156,16 +159,16 @@ def read_config_file(path):
 # on a FIFO (O_NONBLOCK), and what it opened must be a regular file. The folders on the way are followed: they
 # are the ones the user named (data/ or a run directory may well live on another disk).
 
-NOFOLLOW, NONBLOCK = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)  # 0 where the OS lacks them
+SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
               "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,  # read and append, creating it if missing (a lock)
-              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a planted link
+              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
 KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
                  stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
 
 
 def not_regular(path, mode):
-    kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "not a regular file")
+    kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
     return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
                        "through a link)")
 
@@ -177,9 +180,10 @@ def open_regular(path, mode="rb", encoding=None):
     if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
         os.remove(path)  # removes a link itself, never what it points to
     try:
-        fd = os.open(path, OPEN_FLAGS[mode] | NOFOLLOW | NONBLOCK, 0o666)
+        fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST) and os.path.lexists(path):
+        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
+        if e.errno in refused and os.path.lexists(path):
             raise not_regular(path, os.lstat(path).st_mode) from None
         raise
     st_mode = os.fstat(fd).st_mode
@@ -196,6 +200,6 @@ def read_regular(path, limit):
     with open_regular(path) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ConfigError(f"{path} is larger than {limit:,} bytes, far more than such a file ever holds; it was "
-                          "replaced or comes from elsewhere")
+        raise ConfigError(f"{path} is larger than {limit:,} bytes, far more than such a file ever holds; it "
+                          "was replaced or comes from elsewhere")
     return data

@@ -41,7 +41,7 @@ class ShardFile:
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
-        self.file = open_regular(self.tmp, "wb")  # created anew: a link planted under that name is not followed
+        self.file = open_regular(self.tmp, "wb")  # created anew: a link planted under that name is not used
         self.file.write(bytes(HEADER_BYTES))  # a blank header for now: the count is known only at the end
 
     def write(self, tokens):
@@ -97,8 +97,9 @@ def read_shard(path, vocab_size=None):
         if version != VERSION:
             raise DataError(f"{path}: unsupported shard version {version} (expected {VERSION})")
         if size != HEADER_BYTES + 2 * ntok:
-            raise DataError(f"{path}: header says {ntok} tokens but the file holds {(size - HEADER_BYTES) / 2:g}; "
-                            "the file is truncated or corrupt, prepare it again")
+            held = (size - HEADER_BYTES) / 2
+            raise DataError(f"{path}: header says {ntok} tokens but the file holds {held:g}; the file is "
+                            "truncated or corrupt, prepare it again")
         tokens = np.memmap(f, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(ntok),))  # outlives f
     if vocab_size is not None and ntok and int(tokens.max()) >= vocab_size:
         raise DataError(f"{path}: token id {int(tokens.max())} is >= the model's vocab_size {vocab_size}; "
@@ -111,7 +112,7 @@ JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 esca
 
 def read_json(path):
     """A small JSON file of a dataset (meta.json, progress.json), as what it holds. It must be a regular file
-    of at most JSON_BYTES: a link to /dev/zero or a FIFO is refused, not read until memory runs out or forever."""
+    of at most JSON_BYTES: a link to /dev/zero or a FIFO is refused, never read until memory runs out."""
     try:
         return json.loads(read_regular(path, JSON_BYTES).decode("utf-8"))
     except ConfigError as e:
@@ -121,31 +122,39 @@ def read_json(path):
         raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
 
 
+def check_meta(meta, where, remedy="prepare the dataset again"):
+    """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
+    or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
+    ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
+        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16 and \
+        (meta["tokenizer"] != "char" or isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"])
+    if not ok:
+        raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
+                        "integer in 1..65536; chars for char): it was edited or comes from elsewhere; "
+                        f"{remedy}")
+    tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
+    counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
+        all(type(n) is int and n >= 0 for n in tokens.values())
+    if not counts:
+        raise DataError(f"{where}: tokens must map train and val to their token counts, not "
+                        f"{str(tokens)[:40]!r}: it was edited or comes from elsewhere; {remedy}")
+    return meta
+
+
 def load_meta(data_dir):
     """The dataset's meta.json as a dict: name, tokenizer, vocab_size, tokens per split, ... (how to decode).
     The shards must hold the tokens it records: a dataset that lost a shard does not look prepared."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.lexists(path):
-        raise DataError(f"{data_dir} has no meta.json, so its shards cannot be trusted or decoded; prepare the "
-                        "dataset again with prepare_data.py (it writes meta.json last)")
-    meta = read_json(path)
-    ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
-        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16 and \
-        (meta["tokenizer"] != "char" or isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"])
-    if not ok:
-        raise DataError(f"{path} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an integer in "
-                        "1..65536; chars for char): it was edited or comes from elsewhere; prepare the dataset again")
-    tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
-    counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
-        all(type(n) is int and n >= 0 for n in tokens.values())
-    if not counts:
-        raise DataError(f"{path}: tokens must map train and val to their token counts, not {str(tokens)[:40]!r}: "
-                        "it was edited or comes from elsewhere; prepare the dataset again")
-    for split, n in tokens.items():
+        raise DataError(f"{data_dir} has no meta.json, so its shards cannot be trusted or decoded; prepare "
+                        "the dataset again with prepare_data.py (it writes meta.json last)")
+    meta = check_meta(read_json(path), path)
+    for split, n in meta.get("tokens", {}).items():
         held = sum(len(read_shard(shard)) for shard in find_shards(data_dir, split))
         if held != n:
-            raise DataError(f"{data_dir} is damaged: its {split} shards hold {held:,} tokens but meta.json records "
-                            f"{n:,} (a shard is missing, extra or replaced); prepare the dataset again")
+            raise DataError(f"{data_dir} is damaged: its {split} shards hold {held:,} tokens but meta.json "
+                            f"records {n:,} (a shard is missing, extra or replaced); prepare the dataset "
+                            "again")
     return meta
 
 
@@ -162,13 +171,13 @@ def unigram_loss(data_dir, vocab_size):
 # the loader
 
 def find_shards(data_dir, split):
-    """The split's shards in data_dir. The folder's name is escaped: data/py* is that folder, not a pattern."""
+    """The split's shards in data_dir. Its name is escaped: data/py* is that folder, not a pattern."""
     return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
 
 
 def loader_state_problem(state):
-    """What makes state other than what ShardLoader.state_dict returns, in words, or None. It names types, never
-    values: a value from a hostile checkpoint could print as many lines."""
+    """What makes state other than what ShardLoader.state_dict returns, in words, or None. It names types,
+    never values: a value from a hostile checkpoint could print as many lines."""
     if type(state) is not dict:
         return f"it is a {type(state).__name__}"
     if sorted(state, key=str) != ["epoch", "pos", "shard"]:
@@ -213,11 +222,11 @@ class ShardLoader:
         anywhere)."""
         problem = loader_state_problem(state)
         if problem:
-            raise DataError(f"the checkpoint's loader state is not the integers epoch, shard and pos that train.py "
-                            f"saves ({problem}); the checkpoint was edited or comes from elsewhere")
+            raise DataError(f"the checkpoint's loader state is not the integers epoch, shard and pos that "
+                            f"train.py saves ({problem}); the checkpoint was edited or comes from elsewhere")
         if state["epoch"] < 0 or state["pos"] < 0:
-            raise DataError(f"loader state has epoch {state['epoch']} and pos {state['pos']}; both must be ≥ 0: "
-                            "the checkpoint was edited or comes from elsewhere")
+            raise DataError(f"loader state has epoch {state['epoch']} and pos {state['pos']}; both must be "
+                            "≥ 0: the checkpoint was edited or comes from elsewhere")
         if not 0 <= state["shard"] < len(self.shards):
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
@@ -232,8 +241,9 @@ class ShardLoader:
             self.epoch = state["epoch"]
             self._shuffle()
         if state["pos"] > len(self.starts):
-            raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, which has "
-                            f"{len(self.starts)} windows of block_size {self.T}; the data changed since the checkpoint")
+            raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
+                            f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "
+                            "since the checkpoint")
         self.pos = state["pos"]
 
     def _shuffle(self):

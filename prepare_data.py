@@ -199,20 +199,21 @@ def split_documents(docs, val_fraction):
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
-NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even
-#                   when every character takes the 4 bytes of UTF-8's longest
+# characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even when every
+# character takes 4 bytes in UTF-8
+NAME_LENGTH = 50
 
 
 def check_dataset_name(key, name):
     """The one check of a dataset's name (prepare_data.py --name, train.py --dataset). It becomes the folder
-    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing a
-    shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make one
-    split's shards match the other's *_train_*.bin."""
+    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing
+    a shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make
+    one split's shards match the other's *_train_*.bin."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
-        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, '_', "
-                        "'-' and '.', starting with a letter or digit, not containing or ending in '_train' or "
-                        f"'_val'; give another --{key}")
+        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
+                        "'_', '-' and '.', starting with a letter or digit, not containing or ending in "
+                        f"'_train' or '_val'; give another --{key}")
     return name
 
 
@@ -222,7 +223,7 @@ def dataset_dirs(out_dir, name):
 
 
 def write_json(path, obj):
-    with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not followed
+    with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
         f.write(json.dumps(obj, indent=1).encode("utf-8"))
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
 
@@ -244,7 +245,7 @@ def prepared_from(data_dir, source):
 @contextmanager
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
-    # train.py prepares pydocs into data/ without any --out_dir given: the messages name the folder, not a flag
+    # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
     lock_path = os.path.join(out_dir, f".{name}.lock")
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -263,7 +264,7 @@ def preparing(out_dir, name):
                 print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
                 fcntl.flock(lock, fcntl.LOCK_EX)
         staging = dataset_dirs(out_dir, name)[1]
-        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never written through
+        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
             os.remove(staging)
         try:
             yield
@@ -467,7 +468,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
     if os.path.lexists(progress_path):
         previous = read_json(progress_path)
-        progress = previous if previous.get("source") == source else progress  # other settings: start over
+        same = isinstance(previous, dict) and previous.get("source") == source
+        progress = previous if same else progress  # other settings: start over
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)

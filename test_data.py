@@ -872,7 +872,7 @@ def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
         monkeypatch.setattr(os, "makedirs", read_only)
     message = {"a file": "is a file; move it away", "under a file": "cannot be written to .Not a directory",
                "read-only": "cannot be written to .Permission denied"}[case]
-    with pytest.raises(DataError, match=f"the data folder {out} {message}") as excinfo:  # not a flag: train.py
+    with pytest.raises(DataError, match=f"the data folder {out} {message}") as excinfo:  # not a flag
         pd.prepare("pydocs", out_dir=out)
     one_line_error(excinfo)
 
