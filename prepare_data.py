@@ -615,7 +615,11 @@ def ensure_prepared(name, out_dir="data"):
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
     leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
                 if os.path.isdir(staging) else "")
-    what = "has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else "does not exist"
+    what = "does not exist"
+    if os.path.isdir(data_dir):
+        what = "has no meta.json, so it is not a finished dataset"
+    elif os.path.lexists(data_dir):
+        what = "is not a folder"
     raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
 
 

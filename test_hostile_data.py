@@ -128,6 +128,14 @@ def test_a_damaged_default_corpus_is_prepared_again(workdir, monkeypatch, capsys
     assert open(shard, "rb").read() == good
 
 
+def test_a_dataset_that_is_a_file_is_named_as_such(workdir):
+    os.makedirs("data")
+    open("data/notes", "w").write("mine")
+    with pytest.raises(DataError, match=r"^dataset data/notes is not a folder; prepare it with `python "):
+        pd.ensure_prepared("notes")
+    assert open("data/notes").read() == "mine"
+
+
 # --- 2. links, FIFOs and devices where our files should be --------------------------------------------------
 
 def plant(link, target):
