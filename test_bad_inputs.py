@@ -116,7 +116,9 @@ def test_bad_config_files(workdir):
     assert "config file leave.py failed: SystemExit: bye" in train_error("leave.py")  # exiting is failing
     assert "unknown setting 'n_layers'; did you mean n_layer" in train_error("typo.py")
     os.makedirs("folder.py")  # a directory is no config file
-    assert train_error("folder.py") == "error: config file 'folder.py' not found; pass a file like config/train_demo.py"
+    assert train_error("folder.py") == ("error: config file folder.py is a folder, not a regular file "
+                                        "(only regular files are read or written, never through a link); "
+                                        "pass a file like config/train_demo.py")
 
 
 @pytest.mark.parametrize("code, words", [
