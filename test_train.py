@@ -516,7 +516,7 @@ def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
     def nan_after_the_first_evaluation(self, idx, targets=None):
         if self.training:
             trained.append(1)
-        elif trained:  # an evaluation after some training: iter 2's
+        elif len(trained) > 1:  # an evaluation after some training (the first is the warm-up's): iter 2's
             return None, torch.tensor(float("nan"))
         return forward(self, idx, targets)
     monkeypatch.setattr(GPT, "forward", nan_after_the_first_evaluation)
