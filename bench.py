@@ -1,5 +1,5 @@
 """
-Benchmarks, each printed as ratios measured in one run (the README quotes them with date and machine):
+Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quotes them with date and machine):
 
     python bench.py                                   # CPU: tokens/s and peak memory of attention, laplacian, mix
     python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024 --repeats=1
@@ -23,10 +23,20 @@ import time
 import torch
 
 from configurator import ConfigError, at_least, configure, one_of
-from model import GPT, GPTConfig, keep_freed_memory
+from hardware import keep_freed_memory
+from model import GPT, GPTConfig
 
-DEFAULTS = dict(what="ops", ops="attention,laplacian,mix", impls="sdpa", block_sizes="256", batch_size=8, iters=20,
-                repeats=5, nanogpt="")
+DEFAULTS = dict(
+    what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU),
+                 # sample (generate's KV cache vs a full forward per token)
+    ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
+    impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
+    block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
+    batch_size=8,  # (what=ops) sequences per step
+    iters=20,  # (what=ops, nanogpt) timed training steps per measurement
+    repeats=5,  # (what=ops, nanogpt, sample) measurements of each, the best one counts
+    nanogpt="",  # (what=nanogpt) the path of nanoGPT's model.py
+)
 RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step", "sample"), batch_size=at_least(1), iters=at_least(1),
              repeats=at_least(1))
 DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
@@ -206,7 +216,7 @@ def bench_sample(cfg):
 
 def main(argv):
     try:
-        cfg = configure(DEFAULTS, argv, RULES, files=False)[0]
+        cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
         return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step,
                 "sample": bench_sample}[cfg.what](cfg)
     except ValueError as e:

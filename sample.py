@@ -15,7 +15,7 @@ import torch
 
 from configurator import ConfigError, at_least, configure, optional
 from model import GPT, GPTConfig
-from operators import all_controls
+from operators import OPS, all_controls
 from prepare_data import get_tokenizer
 from rundir import load_checkpoint
 
@@ -23,12 +23,12 @@ DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
     out_dir="out/demo",  # the run directory holding ckpt.pt
     start="\n",  # the prompt, or FILE:path to read it from a file
-    num_samples=3,
-    max_new_tokens=300,
+    num_samples=3,  # how many texts to generate
+    max_new_tokens=300,  # tokens to generate after the prompt
     temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
-    seed=1337,
-    device="cpu",  # or cuda, cuda:1, mps
+    seed=1337,  # seeds the sampling
+    device="cpu",  # where to run: cpu, cuda, cuda:1, mps
     op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
     **all_controls(),
 )
@@ -86,7 +86,8 @@ def sample(cfg, given=frozenset()):
 
 def main(argv):
     try:
-        return sample(*configure(DEFAULTS, argv, RULES, files=False))
+        help_from = [("", sys.modules[__name__])] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
+        return sample(*configure(DEFAULTS, argv, RULES, files=False, help_from=help_from))
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
 
