@@ -587,21 +587,6 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
     assert peak_flops(torch.device("cpu")) is None
 
 
-def test_bench_against_nanogpt_prints_each_step_time_over_nanogpts(tmp_path, capsys):
-    """A stand-in for nanoGPT's model.py (ours, behind nanoGPT's names): one timed repeat of each contestant."""
-    import bench
-    stub = tmp_path / "model.py"
-    stub.write_text("import model\nGPTConfig = model.GPTConfig\n"
-                    "class GPT(model.GPT):\n"
-                    "    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):\n"
-                    "        return super().configure_optimizers(weight_decay, learning_rate, betas)\n")
-    best = bench.main(["--what=nanogpt", f"--nanogpt={stub}", "--repeats=1", "--iters=1"])
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(f"batch 12, best of 1 interleaved repeats of 1 steps, freed memory kept: {on_glibc()}")
-    assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"] and all(ms > 0 for ms in best.values())
-    assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
-
-
 def on_glibc():
     return platform.libc_ver()[0] == "glibc"
 
