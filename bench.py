@@ -9,8 +9,8 @@ Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quote
 What the tables mean:
 - ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
   tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline = the
-  process's peak resident memory minus its resident memory once the model and optimizer exist (Linux only;
-  "-" elsewhere). Of the repeats, each column keeps its best: the highest tokens/s, the lowest peak. Each
+  process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made at
+  the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best: the highest tokens/s, the lowest peak. Each
   "× attention" divides by the attention row with the same impl and block_size.
 - nanogpt: ms per training step, each contestant's best (lowest) of the interleaved repeats; "× nanoGPT"
   divides by nanoGPT's best.

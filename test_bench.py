@@ -5,7 +5,9 @@ arithmetic exact, so that no test depends on how fast or how busy the machine is
 
     python -m pytest -q test_bench.py
 """
+import contextlib
 import importlib.util
+import io
 import os
 import platform
 import subprocess
@@ -40,9 +42,11 @@ def stand_in_nanogpt(tmp_path):
     return path
 
 
-def fake_steps(monkeypatch, clock, seconds):
-    """bench.training_step replaced by one that takes `seconds` on the fake clock and checks the batch's shape."""
-    shapes = []
+def fake_steps(monkeypatch, clock, seconds, shapes=None):
+    """bench.training_step replaced by one that takes `seconds` on the fake clock; each step appends its batch's
+    shape to `shapes`, which it returns."""
+    if shapes is None:
+        shapes = []
 
     def step(model, opt, x):
         shapes.append(tuple(x.shape))
@@ -62,13 +66,25 @@ def test_measure_counts_every_token_of_the_timed_steps(clock, monkeypatch):
 
 
 def test_measure_reports_the_peak_above_the_models_resident_baseline(clock, monkeypatch):
-    """peak MiB above baseline = the process's peak resident memory at the end minus its resident memory once
-    the model exists (not minus the peak so far, which torch's import may have set)."""
+    """peak MiB above baseline = the process's peak resident memory after the last step minus its resident memory
+    once the model exists (not minus the peak so far, which torch's import may have set). AdamW's moments,
+    allocated at the first step, count above the baseline."""
+    events = []
     readings = iter([(300.0, 400.0), (320.0, 450.0)])  # (resident, peak resident) MiB: before the steps, after
-    monkeypatch.setattr(bench, "memory_mib", lambda: next(readings))
-    fake_steps(monkeypatch, clock, 1.0)
-    assert bench.measure("attention", "sdpa", block_size=8, batch_size=1, iters=1)["peak_mib"] == 450.0 - 300.0
-    assert next(readings, "read twice") == "read twice"
+
+    def memory_mib():
+        events.append("memory")
+        return next(readings)
+
+    class GPT(bench.GPT):
+        def __init__(self, config):
+            super().__init__(config)
+            events.append("model")
+    monkeypatch.setattr(bench, "memory_mib", memory_mib)
+    monkeypatch.setattr(bench, "GPT", GPT)
+    fake_steps(monkeypatch, clock, 1.0, events)
+    assert bench.measure("attention", "sdpa", block_size=8, batch_size=1, iters=2, warmup=1)["peak_mib"] == 450 - 300
+    assert events == ["model", "memory", (1, 8), (1, 8), (1, 8), "memory"]
 
 
 def test_memory_is_measured_on_linux_and_left_out_where_resource_is_missing(monkeypatch, clock):
@@ -87,6 +103,26 @@ def test_memory_is_measured_on_linux_and_left_out_where_resource_is_missing(monk
     fake_steps(monkeypatch, clock, 1.0)
     best = {("attention", "sdpa", 8): bench.best_of([bench.measure("attention", "sdpa", 8, 2, iters=1)])}
     assert bench.ops_table(best)[2] == "| attention | sdpa | 8 | 16 | 1.000 | - | - |"
+
+
+def test_each_measurement_process_measures_the_configuration_it_was_given(monkeypatch):
+    """The code that measure_in_subprocess hands a fresh Python, run here instead: it measures the settings given,
+    each in its place, and its result comes back as printed."""
+    calls = []
+
+    def measure(*args):
+        calls.append(args)
+        return {"tokens_per_s": 1.5, "peak_mib": 2.5}
+
+    def run(argv, **kwargs):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(argv[argv.index("-c") + 1], {})  # its `import bench` finds this bench, with `measure` replaced
+        return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench.subprocess, "run", run)
+    assert bench.measure_in_subprocess("mix", "materialized", 64, 3, 5) == {"tokens_per_s": 1.5, "peak_mib": 2.5}
+    assert calls == [("mix", "materialized", 64, 3, 5)]  # op, impl, block_size, batch_size, iters
 
 
 def scripted(monkeypatch, results):
