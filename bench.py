@@ -10,8 +10,9 @@ What the tables mean:
 - ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
   tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline = the
   process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made at
-  the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best: the highest tokens/s, the lowest peak. Each
-  "× attention" divides by the attention row with the same impl and block_size.
+  the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best: the
+  highest tokens/s, the lowest peak. Each "× attention" divides by the attention row with the same impl and
+  block_size.
 - nanogpt: ms per training step, each contestant's best (lowest) of the interleaved repeats; "× nanoGPT"
   divides by nanoGPT's best.
 - gpt2_step: the median ms per step (triton.testing.do_bench); "× sdpa" divides by impl=sdpa's.
@@ -88,10 +89,12 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
 def measure_in_subprocess(op, impl, block_size, batch_size, iters):
     """measure() in a fresh process, so that its peak memory is its own. The process starts in this file's
     directory, so that it imports this bench.py and model.py whatever the caller's directory holds."""
-    code = f"import json, bench; print(json.dumps(bench.measure({op!r}, {impl!r}, {block_size}, {batch_size}, {iters})))"
+    args = f"{op!r}, {impl!r}, {block_size}, {batch_size}, {iters}"
+    code = f"import json, bench; print(json.dumps(bench.measure({args})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
     if out.returncode:
-        raise ConfigError(f"{op}/{impl}/T={block_size} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+        last_line = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise ConfigError(f"{op}/{impl}/T={block_size} failed: {last_line}")
     return json.loads(out.stdout)
 
 
@@ -113,13 +116,13 @@ def ops_table(best):
         peak = "-"
         if r["peak_mib"] is not None:
             peak = f"{r['peak_mib']:.1f}"
-        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio(r, ref, 'tokens_per_s')} | {peak} "
-                     f"| {ratio(r, ref, 'peak_mib')} |")
+        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio(r, ref, 'tokens_per_s')} "
+                     f"| {peak} | {ratio(r, ref, 'peak_mib')} |")
     return lines
 
 
 def ratio(r, ref, key):
-    """r[key] / ref[key] to three places; '-' where the reference row was not measured or the value is missing."""
+    """r[key] / ref[key] to three places; '-' where the reference row or the value is missing."""
     if ref is None or r[key] is None:
         return "-"
     return f"{r[key] / ref[key]:.3f}"
@@ -144,7 +147,8 @@ def bench_ops(cfg):
 
 
 def nanogpt_contestant(path, x):
-    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried on one step."""
+    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried on one
+    training step."""
     where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
     if not os.path.isfile(path) or not path.endswith(".py"):
         raise ConfigError(f"nanogpt={path!r} is not a Python file: {where}")
@@ -164,8 +168,8 @@ def nanogpt_contestant(path, x):
         opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
         training_step(model, opt, x)
     except Exception as e:
-        raise ConfigError(f"nanogpt={path!r} failed to train as nanoGPT's GPT does ({type(e).__name__}): {where}") \
-            from None
+        what = f"failed to train as nanoGPT's GPT does ({type(e).__name__})"
+        raise ConfigError(f"nanogpt={path!r} {what}: {where}") from None
     return model, opt
 
 

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture
 def clock(monkeypatch):
-    """bench.py's time.perf_counter reads `clock.now` (seconds), which only the fake training steps advance."""
+    """bench.py's time.perf_counter reads `clock.now` (seconds); only the fake training steps advance it."""
     clock = types.SimpleNamespace(now=0.0)
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     return clock
@@ -43,8 +43,8 @@ def stand_in_nanogpt(tmp_path):
 
 
 def fake_steps(monkeypatch, clock, seconds, shapes=None):
-    """bench.training_step replaced by one that takes `seconds` on the fake clock; each step appends its batch's
-    shape to `shapes`, which it returns."""
+    """bench.training_step replaced by one that takes `seconds` on the fake clock; each step appends its
+    batch's shape to `shapes`, which it returns."""
     if shapes is None:
         shapes = []
 
@@ -55,22 +55,23 @@ def fake_steps(monkeypatch, clock, seconds, shapes=None):
     return shapes
 
 
-# --- the ops table ------------------------------------------------------------------------------------------------
+# --- the ops table --------------------------------------------------------------------------------------
 
 
 def test_measure_counts_every_token_of_the_timed_steps(clock, monkeypatch):
-    """tokens/s = iters × batch_size × block_size / the seconds of those iters; the warm-up steps are not timed."""
+    """tokens/s = iters × batch_size × block_size / the seconds of those iters; warm-ups are not timed."""
     shapes = fake_steps(monkeypatch, clock, 0.25)
     r = bench.measure("attention", "sdpa", block_size=32, batch_size=3, iters=4, warmup=2)
-    assert r["tokens_per_s"] == 4 * 3 * 32 / (4 * 0.25) and shapes == [(3, 32)] * 6  # (batch_size, block_size)
+    assert r["tokens_per_s"] == 4 * 3 * 32 / (4 * 0.25)
+    assert shapes == [(3, 32)] * 6  # (batch_size, block_size), 2 warm-up steps and 4 timed
 
 
 def test_measure_reports_the_peak_above_the_models_resident_baseline(clock, monkeypatch):
-    """peak MiB above baseline = the process's peak resident memory after the last step minus its resident memory
-    once the model exists (not minus the peak so far, which torch's import may have set). AdamW's moments,
-    allocated at the first step, count above the baseline."""
+    """peak MiB above baseline = the process's peak resident memory after the last step minus its resident
+    memory once the model exists (not minus the peak so far, which torch's import may have set). AdamW's
+    moments, allocated at the first step, count above the baseline."""
     events = []
-    readings = iter([(300.0, 400.0), (320.0, 450.0)])  # (resident, peak resident) MiB: before the steps, after
+    readings = iter([(300.0, 400.0), (320.0, 450.0)])  # (resident, peak) MiB: before the steps, after
 
     def memory_mib():
         events.append("memory")
@@ -83,12 +84,13 @@ def test_measure_reports_the_peak_above_the_models_resident_baseline(clock, monk
     monkeypatch.setattr(bench, "memory_mib", memory_mib)
     monkeypatch.setattr(bench, "GPT", GPT)
     fake_steps(monkeypatch, clock, 1.0, events)
-    assert bench.measure("attention", "sdpa", block_size=8, batch_size=1, iters=2, warmup=1)["peak_mib"] == 450 - 300
+    r = bench.measure("attention", "sdpa", block_size=8, batch_size=1, iters=2, warmup=1)
+    assert r["peak_mib"] == 450 - 300
     assert events == ["model", "memory", (1, 8), (1, 8), (1, 8), "memory"]
 
 
 def test_memory_is_measured_on_linux_and_left_out_where_resource_is_missing(monkeypatch, clock):
-    """On Windows `import resource` fails: bench.py still imports, measures tokens/s, and its table says '-'."""
+    """On Windows `import resource` fails: bench.py imports and measures tokens/s; the table says '-'."""
     if not os.path.exists("/proc/self/statm"):
         pytest.skip("not Linux")
     resident, _ = bench.memory_mib()
@@ -106,8 +108,8 @@ def test_memory_is_measured_on_linux_and_left_out_where_resource_is_missing(monk
 
 
 def test_each_measurement_process_measures_the_configuration_it_was_given(monkeypatch):
-    """The code that measure_in_subprocess hands a fresh Python, run here instead: it measures the settings given,
-    each in its place, and its result comes back as printed."""
+    """The code that measure_in_subprocess hands a fresh Python, run here instead: it measures the settings
+    given, each in its place, and its result comes back as printed."""
     calls = []
 
     def measure(*args):
@@ -117,17 +119,18 @@ def test_each_measurement_process_measures_the_configuration_it_was_given(monkey
     def run(argv, **kwargs):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(argv[argv.index("-c") + 1], {})  # its `import bench` finds this bench, with `measure` replaced
+            exec(argv[argv.index("-c") + 1], {})  # its `import bench` finds this one, `measure` replaced
         return subprocess.CompletedProcess(argv, 0, out.getvalue(), "")
     monkeypatch.setattr(bench, "measure", measure)
     monkeypatch.setattr(bench.subprocess, "run", run)
-    assert bench.measure_in_subprocess("mix", "materialized", 64, 3, 5) == {"tokens_per_s": 1.5, "peak_mib": 2.5}
+    r = bench.measure_in_subprocess("mix", "materialized", 64, 3, 5)
+    assert r == {"tokens_per_s": 1.5, "peak_mib": 2.5}
     assert calls == [("mix", "materialized", 64, 3, 5)]  # op, impl, block_size, batch_size, iters
 
 
 def scripted(monkeypatch, results):
-    """measure_in_subprocess replaced: the k-th measurement of (op, impl, block_size) gives results[...][k], a pair
-    (tokens/s, peak MiB). Returns the list of calls, in order."""
+    """measure_in_subprocess replaced: the k-th measurement of (op, impl, block_size) gives results[...][k], a
+    pair (tokens/s, peak MiB). Returns the list of calls, in order."""
     calls = []
 
     def measure(op, impl, block_size, batch_size, iters):
@@ -139,9 +142,9 @@ def scripted(monkeypatch, results):
     return calls
 
 
-def test_ops_table_keeps_each_columns_best_repeat_and_divides_by_the_same_impls_attention(monkeypatch, capsys):
-    """Best of 4: the highest tokens/s and the lowest peak, each from its own repeat (here neither the first nor
-    the last); each × attention divides by the attention row of the same impl."""
+def test_ops_table_keeps_each_columns_best_repeat_and_divides_by_its_impls_attention(monkeypatch, capsys):
+    """Best of 4: the highest tokens/s and the lowest peak, each from its own repeat (here neither the first
+    nor the last); each × attention divides by the attention row of the same impl."""
     calls = scripted(monkeypatch, {
         ("attention", "sdpa", 16): [(100, 45), (300, 50), (200, 40), (250, 48)],
         ("mix", "sdpa", 16): [(90, 60), (270, 52), (180, 50), (200, 44)],
@@ -152,8 +155,9 @@ def test_ops_table_keeps_each_columns_best_repeat_and_divides_by_the_same_impls_
                 "--iters=7", "--repeats=4"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith(", batch 2, 7 steps, best of 4")
-    assert out[1:] == ["| op | impl | block_size | tokens/s | × attention | peak MiB above baseline | × attention |",
-                       "|---|---|---|---|---|---|---|",
+    assert out[1] == ("| op | impl | block_size | tokens/s | × attention | peak MiB above baseline "
+                      "| × attention |")
+    assert out[2:] == ["|---|---|---|---|---|---|---|",
                        "| attention | sdpa | 16 | 300 | 1.000 | 40.0 | 1.000 |",
                        "| mix | sdpa | 16 | 270 | 0.900 | 44.0 | 1.100 |",
                        "| attention | materialized | 16 | 100 | 1.000 | 80.0 | 1.000 |",
@@ -181,18 +185,19 @@ def test_runs_from_any_working_directory(tmp_path):
     beside it, not the caller's."""
     for name in ("bench.py", "model.py"):
         (tmp_path / name).write_text("raise SystemExit(\"the caller's directory was imported from\")\n")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "bench.py"), "--ops=attention", "--block_sizes=8",
-                        "--batch_size=1", "--iters=1", "--repeats=1"], cwd=tmp_path, capture_output=True, text=True)
+    argv = ["--ops=attention", "--block_sizes=8", "--batch_size=1", "--iters=1", "--repeats=1"]
+    p = subprocess.run([sys.executable, os.path.join(HERE, "bench.py"), *argv], cwd=tmp_path,
+                       capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith("| attention | sdpa | 8 | "), p.stderr
 
 
-# --- our training step against nanoGPT's --------------------------------------------------------------------------
+# --- our training step against nanoGPT's ---------------------------------------------------------------
 
 
 def test_nanogpt_table_keeps_each_contestants_best_repeat(clock, monkeypatch, stand_in_nanogpt, capsys):
-    """Best of 3 interleaved repeats: each contestant's lowest ms per step (whichever repeat it came from), each
-    divided by nanoGPT's lowest."""
-    ms = {"nanoGPT": [40, 30, 35], "ours, op=attention": [33, 36, 29], "ours, op=mix": [31, 34, 32]}  # per repeat
+    """Best of 3 interleaved repeats: each contestant's lowest ms per step (whichever repeat it came from),
+    each divided by nanoGPT's lowest."""
+    ms = {"nanoGPT": [40, 30, 35], "ours, op=attention": [33, 36, 29], "ours, op=mix": [31, 34, 32]}
     rounds = types.SimpleNamespace(k=0, last=None)
 
     def step(model, opt, x):
@@ -206,7 +211,8 @@ def test_nanogpt_table_keeps_each_contestants_best_repeat(clock, monkeypatch, st
         clock.now += ms[name][rounds.k - 1] / 1000
     monkeypatch.setattr(bench, "training_step", step)
     best = bench.main(["--what=nanogpt", f"--nanogpt={stand_in_nanogpt}", "--repeats=3", "--iters=2"])
-    assert rounds.k == 3 and best == pytest.approx({"nanoGPT": 30, "ours, op=attention": 29, "ours, op=mix": 31})
+    assert rounds.k == 3
+    assert best == pytest.approx({"nanoGPT": 30, "ours, op=attention": 29, "ours, op=mix": 31})
     assert capsys.readouterr().out.splitlines()[3:] == ["| nanoGPT | 30.00 | 1.000 |",
                                                         "| ours, op=attention | 29.00 | 0.967 |",
                                                         "| ours, op=mix | 31.00 | 1.033 |"]
@@ -218,5 +224,6 @@ def test_nanogpt_comparison_runs_end_to_end(stand_in_nanogpt, capsys):
     out = capsys.readouterr().out.splitlines()
     glibc = platform.libc_ver()[0] == "glibc"
     assert out[0].endswith(f"batch 12, best of 1 interleaved repeats of 1 steps, freed memory kept: {glibc}")
-    assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"] and all(ms > 0 for ms in best.values())
+    assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"]
+    assert all(ms > 0 for ms in best.values())
     assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
