@@ -7,9 +7,7 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
     python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
     python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
 
-Options, for the corpora they apply to: --out_dir=data (all); --tokenizer=char|byte|gpt2 --shard_size=100000000
---val_fraction=0.1 --name=NAME (pydocs, shakespeare_char, text); --input=PATH (text); --val_fraction=0.0005
---num_proc=N (openwebtext); --train_shards=N, 1 to 103 (fineweb10B).
+--help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
 Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt shard
 format (see dataloader.py), and meta.json (how to decode), always written last: a folder without meta.json is
@@ -518,8 +516,16 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
 TEXT_OPTIONS = {"name", "tokenizer", "shard_size", "val_fraction"}
 CORPORA = {"pydocs": TEXT_OPTIONS, "shakespeare_char": TEXT_OPTIONS, "text": TEXT_OPTIONS | {"input"},
            "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"}}  # -> options besides out_dir
-OPTIONS = dict(out_dir="data", input="", name="", tokenizer="char", shard_size=100_000_000, val_fraction=None,
-               num_proc=None, train_shards=FINEWEB_TRAIN_FILES)
+OPTIONS = dict(
+    out_dir="data",  # (all) datasets go to out_dir/NAME/
+    input="",  # (text) a UTF-8 text file, or a folder of .txt files
+    name="",  # (pydocs, shakespeare_char, text) the dataset's name; default: the corpus's or the input's
+    tokenizer="char",  # (pydocs, shakespeare_char, text) char (vocabulary from the corpus), byte or gpt2
+    shard_size=100_000_000,  # (pydocs, shakespeare_char, text) tokens per shard
+    val_fraction=None,  # val's share: the text's last 0.1 (text corpora), by hash 0.0005 (openwebtext)
+    num_proc=None,  # (openwebtext) tokenising processes; default: half the CPUs
+    train_shards=FINEWEB_TRAIN_FILES,  # (fineweb10B) how many train shards of 100M tokens to fetch, 1 to 103
+)
 
 
 def fraction(key, value):
@@ -584,12 +590,15 @@ def ensure_prepared(name, out_dir="data"):
 
 
 def main(argv):
+    help_from = [("", sys.modules[__name__])]
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return
+        configure(OPTIONS, ["--help"], help_from=help_from)  # prints the docstring and every option; exits
     if argv[0].startswith("-"):
         raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(CORPORA)}")
-    cfg, given = configure(OPTIONS, argv[1:], RULES, files=False)
+    options = OPTIONS
+    if argv[0] in CORPORA and ("-h" in argv or "--help" in argv):  # NAME --help: the options NAME takes
+        options = {k: v for k, v in OPTIONS.items() if k in CORPORA[argv[0]] | {"out_dir"}}
+    cfg, given = configure(options, argv[1:], RULES, files=False, help_from=help_from)
     prepare(argv[0], **{key: getattr(cfg, key) for key in given})
 
 

@@ -508,8 +508,10 @@ class FakeHub:
     def __init__(self, monkeypatch, files):
         self.files, self.served, self.downloads = files, {}, []
         self.info_error = self.error = self.fail_at = None
-        monkeypatch.setattr(huggingface_hub, "get_paths_info", self.get_paths_info)
-        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
+        # huggingface_hub serves its names through a module __getattr__: the fakes go into the module's dict,
+        # and undoing that deletes them again, whatever monkeypatch.setattr's undo does for dynamic attributes
+        monkeypatch.setitem(vars(huggingface_hub), "get_paths_info", self.get_paths_info)
+        monkeypatch.setitem(vars(huggingface_hub), "hf_hub_download", self.hf_hub_download)
 
     def get_paths_info(self, repo_id, paths, repo_type, revision):
         assert repo_type == "dataset" and (repo_id, revision) in ((pd.OWT_REPO, pd.OWT_REVISION),
@@ -857,8 +859,11 @@ def test_text_dataset_is_named_after_its_file(tmp_path):
 @pytest.mark.parametrize("argv", [[], ["-h"], ["--help"]])
 def test_help_prints_the_usage_and_prepares_nothing(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.chdir(tmp_path)
-    pd.main(argv)
-    assert capsys.readouterr().out.startswith("\nData for nanoCorridor: turn a text corpus into token shards")
+    monkeypatch.setitem(sys.modules, "__main__", pd)  # as `python prepare_data.py` runs it
+    with pytest.raises(SystemExit) as e:
+        pd.main(argv)
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("Data for nanoCorridor: turn a text corpus into token shards")
     assert os.listdir(tmp_path) == []
 
 

@@ -569,12 +569,14 @@ def test_op_lr_scale_reaches_the_optimizer(workdir):
     assert [r["lr"] > 0 for r in read_log("out/z", "train")] == [True] * 3  # the rest trains
 
 
-def test_add_your_own_operator(workdir, request):
+def test_add_your_own_operator(workdir, request, capsys):
     """The README's example, written the same way: one class, registered, trained through train.py's settings."""
     @register_op("corridor_gate")
     class CorridorGate(HeadOperator):
         """δ(γI + P) with γ = -sigmoid(w): a head that can never leave the convex corridor."""
-        controls = dict(w_init=0.0)
+        controls = dict(
+            w_init=0.0,  # every head's w at the start
+        )
 
         def __init__(self, n_head, w_init):
             super().__init__(n_head)
@@ -584,6 +586,9 @@ def test_add_your_own_operator(workdir, request):
         def coefficients(self):
             return -torch.sigmoid(self.w) * self.delta, self.delta
     request.addfinalizer(lambda: OPS.pop("corridor_gate"))
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    assert "  (op=corridor_gate) every head's w at the start\n" in capsys.readouterr().out
 
     model = run("--op=corridor_gate", "--w_init=2.0", "--max_iters=4", "--eval_interval=4", "--out_dir=out/gate")
     gamma = torch.tensor(read_log("out/gate", "eval")[0]["gamma"])

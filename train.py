@@ -25,7 +25,8 @@ import torch
 
 from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
 from dataloader import ShardLoader, load_meta, unigram_loss
-from model import GPT, PRETRAINED, GPTConfig, keep_freed_memory
+from hardware import keep_freed_memory
+from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_dir, save_checkpoint, save_config,
@@ -34,39 +35,39 @@ from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_d
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
 # I/O
-out_dir = "out/run"
-eval_interval = 250
-log_interval = 10
-eval_iters = 20
+out_dir = "out/run"  # the run directory: config.json, log.jsonl, ckpt.pt
+eval_interval = 250  # evaluate (and checkpoint) every this many iterations
+log_interval = 10  # print and log the training loss every this many iterations
+eval_iters = 20  # batches per loss estimate at each evaluation
 eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print the losses, write nothing
-always_save_checkpoint = True  # else only when val loss improves
-init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
-wandb_log = False
-wandb_project = "nanocorridor"
-wandb_run_name = "run"
+always_save_checkpoint = True  # checkpoint at every evaluation; False: only when val loss improves
+init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
+wandb_log = False  # also log to Weights & Biases (needs the wandb package)
+wandb_project = "nanocorridor"  # its project
+wandb_run_name = "run"  # its run name
 # data
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
-gradient_accumulation_steps = 1  # global: divided among DDP processes
-batch_size = 12  # per process and micro-step
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
+batch_size = 12  # sequences per process and micro-step
 # the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls (gamma_init,
 # learn_gamma, ... in operators.py) is a setting too, with the default it has there
 # AdamW, warmup + cosine decay
-learning_rate = 6e-4
-max_iters = 5000
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0  # 0 disables clipping
-decay_lr = True
-warmup_iters = 100
-lr_decay_iters = None  # None: max_iters
-min_lr = 6e-5
+learning_rate = 6e-4  # peak learning rate, reached after warmup
+max_iters = 5000  # optimizer steps in all
+weight_decay = 0.1  # AdamW's, on matrices only
+beta1 = 0.9  # AdamW's β1
+beta2 = 0.95  # AdamW's β2
+grad_clip = 1.0  # clip the gradient norm to this; 0 disables clipping
+decay_lr = True  # False: learning_rate throughout, no warmup or decay
+warmup_iters = 100  # linear warmup over this many steps
+lr_decay_iters = None  # cosine decay to min_lr over this many steps; None: max_iters
+min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
-compile = None  # None: on for CUDA, off elsewhere
-seed = 1337
+compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
+seed = 1337  # seeds the initial weights, the data order and dropout
 TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
@@ -102,7 +103,8 @@ def defaults():
 
 def parse_config(argv):
     """(cfg, given): the settings, and the keys that a config file or the command line set."""
-    return configure(defaults(), argv, RULES)
+    help_from = [("", sys.modules[__name__]), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
+    return configure(defaults(), argv, RULES, help_from=help_from)
 
 
 def get_lr(it, cfg):
