@@ -514,13 +514,15 @@ def report(runs):
     if len(runs) < 2:
         return
     c = compare(runs)
-    print("\n== runs by final val loss (vs attn: minus the mean final val loss of the attention runs of the same config)")
+    print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
+          " attention runs of the same config)")
     print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
                 [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
                   "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in c["rows"]],
                 left=2)
     if any(g["n"] > 1 for g in c["groups"]):
-        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config")
+        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
+              " (val losses in nats per token)")
         print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
                      "corridor>L1"], [group_cells(g) for g in c["groups"]])
         print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"

@@ -6,6 +6,7 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
     python prepare_data.py text --input=book.txt            # any UTF-8 file, or a folder of .txt files
     python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
     python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
+    python prepare_data.py hellaswag                        # HellaSwag's val set (train.py's hellaswag_interval)
 
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
@@ -16,7 +17,7 @@ finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/
 out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second one (two
 train.py runs preparing pydocs on the fly, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
-The two hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
+The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
 - openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
   repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
   goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction: a fixed split that
@@ -24,11 +25,15 @@ The two hub corpora are pinned to one revision each, so they are the same wherev
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
   fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header and
   token ids have been checked; a broken download is deleted and named.
+- hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
+  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
+  not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
 """
 import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -37,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, optional
-from dataloader import DataError, ShardFile, find_shards, load_meta, read_shard
+from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular, optional
+from dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
 
 try:
     import fcntl  # POSIX file locks: the OS releases them when the process dies, even by kill -9
@@ -56,6 +61,10 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
+# the repository's parquet conversion; the revision and file name as seen in public code and the hub's listing,
+# not checked from here (no network)
+HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
+HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
 
 class ShardWriter:
@@ -136,6 +145,20 @@ def get_tokenizer(meta):
     raise DataError(f"unknown tokenizer {kind!r} in meta.json (expected char, byte or gpt2)")
 
 
+def token_bytes(meta):
+    """The UTF-8 bytes of each token id's text, (vocab_size,) int64: what bits per byte divides by. It follows
+    from the tokenizer alone, so datasets prepared at any time get it the same way. GPT-2's end-of-text token
+    marks where a document starts and is no text of it: 0 bytes (as nanochat counts its special tokens)."""
+    if meta["tokenizer"] == "byte":
+        return np.ones(256, dtype=np.int64)
+    if meta["tokenizer"] == "char":
+        return np.array([len(c.encode("utf-8")) for c in meta["chars"]], dtype=np.int64)
+    enc = gpt2_encoding()
+    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    lengths[enc.eot_token] = 0
+    return np.array(lengths, dtype=np.int64)
+
+
 # -----------------------------------------------------------------------------
 # corpora: each returns a list of documents (str)
 
@@ -156,18 +179,20 @@ def shakespeare_documents():
 
 
 def text_documents(path):
+    """The documents of --input: the file, or each .txt file in the folder. Every one must be a regular file
+    (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))  # .TXT too
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    elif os.path.isfile(path):
+    elif os.path.lexists(path):
         files = [path]
     else:
         raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
     docs = []
     for file in files:
         try:
-            with open(file, encoding="utf-8") as f:
+            with open_regular(file, encoding="utf-8") as f:
                 docs.append(f.read())
         except UnicodeDecodeError:
             raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
@@ -194,42 +219,73 @@ def split_documents(docs, val_fraction):
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
+# characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even when every
+# character takes 4 bytes in UTF-8
+NAME_LENGTH = 50
+
+
+def check_dataset_name(key, name):
+    """The one check of a dataset's name (prepare_data.py --name, train.py --dataset). It becomes the folder
+    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing
+    a shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make
+    one split's shards match the other's *_train_*.bin."""
+    plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
+    if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
+        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
+                        "'_', '-' and '.', starting with a letter or digit, not containing or ending in "
+                        f"'_train' or '_val'; give another --{key}")
+    return name
+
+
 def dataset_dirs(out_dir, name):
     """The dataset's folder and the hidden folder where its unfinished parts wait."""
     return os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
 
 
 def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
+    with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
+        f.write(json.dumps(obj, indent=1).encode("utf-8"))
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
+
+
+def finished_meta(data_dir):
+    """data_dir's meta.json if data_dir holds a finished, undamaged dataset, else None."""
+    try:
+        return load_meta(data_dir)
+    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
+        return None
 
 
 def prepared_from(data_dir, source):
     """Whether data_dir holds a finished dataset made from `source` (the same files and settings)."""
-    try:
-        return load_meta(data_dir).get("source") == source
-    except DataError:  # no meta.json, or a broken one
-        return False
+    meta = finished_meta(data_dir)
+    return meta is not None and meta.get("source") == source
 
 
 @contextmanager
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
+    # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
+    lock_path = os.path.join(out_dir, f".{name}.lock")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, f".{name}.lock"), "w")
+        lock = open_regular(lock_path, "ab+")  # kept: its content does not matter
     except FileExistsError:
-        raise DataError(f"--out_dir={out_dir} is a file; give a folder (it is created if missing)") from None
+        raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into another folder "
+                        "with prepare_data.py --out_dir=DIR") from None
     except OSError as e:
-        raise DataError(f"--out_dir={out_dir} is not a folder we can write to ({e.strerror}: {e.filename})") from None
+        raise DataError(f"the data folder {out_dir} cannot be written to ({e.strerror}: {e.filename}); use "
+                        "another one with prepare_data.py --out_dir=DIR") from None
     with lock:
         if fcntl:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"another process is preparing {name} (it holds {lock.name}): waiting for it to finish")
+                print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
                 fcntl.flock(lock, fcntl.LOCK_EX)
+        staging = dataset_dirs(out_dir, name)[1]
+        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
+            os.remove(staging)
         try:
             yield
         except OSError as e:
@@ -381,17 +437,19 @@ def _encode_for_worker(text):
     return np.array(encode_gpt2_document(text, _worker_enc), dtype=np.uint16), in_val
 
 
-def parquet_texts(path, file):
-    """The `text` column of a downloaded parquet file, OWT_BATCH documents at a time. A file pyarrow cannot read
-    is deleted, so the next run fetches it again."""
+def parquet_columns(path, file, columns):
+    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
+    stays flat). A file pyarrow cannot read, or one without those columns, is deleted, so the next run fetches
+    it again."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
         parquet = pq.ParquetFile(path)
-        if "text" not in parquet.schema_arrow.names:
-            raise pa.ArrowInvalid("it has no text column")
-        for batch in parquet.iter_batches(batch_size=OWT_BATCH, columns=["text"]):
-            yield batch.column("text").to_pylist()
+        missing = [column for column in columns if column not in parquet.schema_arrow.names]
+        if missing:
+            raise pa.ArrowInvalid(f"it has no {missing[0]} column")
+        for batch in parquet.iter_batches(batch_size=OWT_BATCH, columns=columns):
+            yield batch.to_pydict()
     except pa.ArrowException as e:
         os.remove(path)
         raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the same "
@@ -402,7 +460,7 @@ def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_befor
     """One parquet file -> its train shard and its share of val; returns the counts (documents, tokens)."""
     docs = 0
     with ShardFile(train_shard) as train, ShardFile(val_share) as val:
-        for texts in parquet_texts(path, file):
+        for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
             # one batch at a time through map: imap over every document would queue the whole file ahead
             for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
                 (val if in_val else train).write(tokens)
@@ -430,10 +488,10 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
     progress_path = os.path.join(staging, "progress.json")
     progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
-    if os.path.exists(progress_path):
-        with open(progress_path) as f:
-            previous = json.load(f)
-        progress = previous if previous["source"] == source else progress  # other settings: start over
+    if os.path.lexists(progress_path):
+        previous = read_json(progress_path)
+        same = isinstance(previous, dict) and previous.get("source") == source
+        progress = previous if same else progress  # other settings: start over
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
@@ -487,7 +545,9 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
                         f"({extra[0]} ...), which training would read too; delete them or ask for more shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
-    todo = [file for file in files if not (os.path.isfile(final(file)) and os.path.getsize(final(file)) == sizes[file])]
+    done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
+            os.path.getsize(final(file)) == sizes[file]]
+    todo = [file for file in files if file not in done]
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
           f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
@@ -510,12 +570,43 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     return data_dir
 
 
+def prepare_hellaswag(out_dir="data"):
+    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: ctx, endings, label."""
+    data_dir, staging = dataset_dirs(out_dir, "hellaswag")
+    path = os.path.join(data_dir, "val.jsonl")
+    if os.path.exists(path):
+        print(f"{path} is already prepared; delete it to prepare it again")
+        return data_dir
+    sizes = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])
+    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, sizes[HELLASWAG_FILE],
+                            os.path.join(staging, "download"))
+    examples = []
+    for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
+        for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
+            label = str(label)  # a string in the hub's parquet, an int in the original jsonl
+            ok = isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4 and \
+                all(isinstance(e, str) for e in endings) and label in ("0", "1", "2", "3")
+            if not ok:
+                shutil.rmtree(staging)
+                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and a "
+                                "label 0..3; deleted the download: run the same command again to fetch it anew")
+            examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
+    os.makedirs(data_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(example) + "\n" for example in examples)
+    os.replace(path + ".tmp", path)  # whole or not at all
+    shutil.rmtree(staging)
+    print(f"hellaswag: {len(examples):,} val examples in {path}")
+    return data_dir
+
+
 # -----------------------------------------------------------------------------
 # the command line and train.py's entry point
 
 TEXT_OPTIONS = {"name", "tokenizer", "shard_size", "val_fraction"}
 CORPORA = {"pydocs": TEXT_OPTIONS, "shakespeare_char": TEXT_OPTIONS, "text": TEXT_OPTIONS | {"input"},
-           "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"}}  # -> options besides out_dir
+           "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"},
+           "hellaswag": set()}  # -> options besides out_dir
 OPTIONS = dict(
     out_dir="data",  # (all) datasets go to out_dir/NAME/
     input="",  # (text) a UTF-8 text file, or a folder of .txt files
@@ -548,19 +639,17 @@ def prepare(corpus, out_dir="data", **options):
     if wrong:
         raise DataError(f"--{wrong[0]} does not apply to {corpus}, which takes "
                         f"{', '.join('--' + key for key in sorted(CORPORA[corpus] | {'out_dir'}))}")
-    if corpus in ("openwebtext", "fineweb10B"):
+    if corpus in ("openwebtext", "fineweb10B", "hellaswag"):
         with preparing(out_dir, corpus):
-            return {"openwebtext": prepare_openwebtext, "fineweb10B": prepare_fineweb}[corpus](out_dir, **options)
+            return {"openwebtext": prepare_openwebtext, "fineweb10B": prepare_fineweb,
+                    "hellaswag": prepare_hellaswag}[corpus](out_dir, **options)
     input = options.pop("input", "")
     if corpus == "text" and not input:
         raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
     # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
     name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
                                         else corpus)
-    # shards are NAME_val_000000.bin: a name holding "_train_", or ending in "_train", would match *_train_*.bin
-    if name.startswith(".") or os.sep in name or any(f"_{s}_" in name + "_" for s in ("train", "val")):
-        raise DataError(f"--name={name!r} must be a plain folder name, without '/' and not containing or ending in "
-                        "'_train' or '_val'; give another --name")
+    check_dataset_name("name", name)
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
             "text": lambda: text_documents(input)}[corpus]()
     with preparing(out_dir, name):
@@ -568,24 +657,31 @@ def prepare(corpus, out_dir="data", **options):
 
 
 def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`, once it is prepared (its meta.json exists). The offline default corpus
-    is prepared on the fly; two processes asking at once take turns on the lock, and the second uses the
-    first one's result."""
-    data_dir, staging = dataset_dirs(out_dir, name)
+    """The data dir of dataset `name`, once it is prepared (its meta.json is valid and its shards hold the
+    tokens it records). The offline default corpus is prepared on the fly, again if it is damaged; two
+    processes asking at once take turns on the lock, and the second uses the first one's result."""
+    data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
     meta_path = os.path.join(data_dir, "meta.json")
-    if os.path.exists(meta_path):
-        return data_dir
     if name == DEFAULT_CORPUS:
-        with preparing(out_dir, name):
-            if not os.path.exists(meta_path):  # else another process prepared it while we waited
-                print(f"{data_dir} is not prepared yet: preparing the offline default corpus {name} first")
-                prepare_documents(name, pydocs_documents(), out_dir)
+        if finished_meta(data_dir) is None:
+            with preparing(out_dir, name):
+                if finished_meta(data_dir) is None:  # else another process prepared it while we waited
+                    print(f"{data_dir} is not prepared (or is damaged): preparing the offline default corpus "
+                          f"{name} first")
+                    prepare_documents(name, pydocs_documents(), out_dir)
+        return data_dir
+    if os.path.lexists(meta_path):
+        load_meta(data_dir)  # a damaged dataset (a shard missing, a broken meta.json) is refused, saying what
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
     leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
                 if os.path.isdir(staging) else "")
-    what = "has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else "does not exist"
+    what = "does not exist"
+    if os.path.isdir(data_dir):
+        what = "has no meta.json, so it is not a finished dataset"
+    elif os.path.lexists(data_dir):
+        what = "is not a folder"
     raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
 
 

@@ -2,9 +2,10 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings that ran
-    log.jsonl     one JSON record per line: start (commit, versions), train (loss, lr, speed), eval (losses and
-                  every head's γ and δ), done
+    log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr,
+                  speed), eval (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
     ckpt.pt       model, optimizer, settings, iteration, loader position and the dataset's meta
+    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
 Every file is written to a temporary name and renamed, so a crash or a full disk never leaves a broken one.
@@ -184,4 +185,14 @@ class RunLog:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         if self.wandb is not None and record["event"] in ("train", "eval"):
-            self.wandb.log({k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}, step=record["iter"])
+            self.wandb.log(wandb_numbers(record), step=record["iter"])
+
+
+def wandb_numbers(record):
+    """A log record as wandb charts it: its numbers, and every head's γ and δ as gamma/L{layer}H{head}, ..."""
+    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
+    for name in ("gamma", "delta"):
+        for layer, heads in enumerate(record.get(name, [])):
+            for head, value in enumerate(heads):
+                numbers[f"{name}/L{layer}H{head}"] = value
+    return numbers
