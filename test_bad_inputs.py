@@ -684,6 +684,11 @@ def test_bench_checks_the_nanogpt_file(workdir):
     assert bad("folder.py") == f"error: nanogpt='folder.py' is not a Python file: {where}"
     assert bad("boom.py") == f"error: nanogpt='boom.py' failed to load (ZeroDivisionError): {where}"
     assert bad("half.py") == f"error: nanogpt='half.py' defines no GPT and GPTConfig: {where}"
+    ours = os.path.join(HERE, "model.py")
+    assert bad(ours) == f"error: nanogpt={ours!r} is this project's own model.py: {where}"
+    shutil.copy(ours, "copy.py")  # ours elsewhere: its configure_optimizers takes other arguments
+    assert bad("copy.py") == f"error: nanogpt='copy.py' failed to train as nanoGPT's GPT does (TypeError): " \
+                             f"{where}"
 
 
 def test_bench_gpt2_step_needs_cuda():
