@@ -108,7 +108,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
-        impl = resolve_impl(self.impl, self.op, q, dropout_p)
+        if not cache:  # (a cached step always takes SDPA: nothing for impl='auto' to check or time)
+            impl = resolve_impl(self.impl, self.op, q, dropout_p)
         if cache:  # one new token, whose query may see every cached position: no mask, SDPA for every impl
             K = cache["k"] = torch.cat((cache["k"], k), dim=2)  # (B, nh, t, hs) the whole context's keys
             V = cache["v"] = torch.cat((cache["v"], v), dim=2)  # (B, nh, t, hs) and values
