@@ -1,7 +1,7 @@
 """
 Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quotes them with date and machine):
 
-    python bench.py                                   # CPU: tokens/s and peak memory of attention, laplacian, mix
+    python bench.py                    # CPU: tokens/s and peak memory of attention, laplacian, mix
     python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024 --repeats=1
     python bench.py --what=nanogpt --nanogpt=PATH/TO/nanoGPT/model.py   # CPU: our training step vs nanoGPT's
     python bench.py --what=gpt2_step                  # GPU: a compiled GPT-2-small step, impl=triton vs sdpa
@@ -9,19 +9,19 @@ Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quote
 
 What the tables mean:
 - ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
-  tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline = the
-  process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made at
-  the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best: the
-  highest tokens/s, the lowest peak. Each "× attention" divides by the attention row with the same impl and
-  block_size.
+  tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline =
+  the process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made
+  at the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best:
+  the highest tokens/s, the lowest peak. Each "× attention" divides by the attention row with the same impl
+  and block_size.
 - nanogpt: ms per training step, each contestant's best (lowest) of the interleaved repeats; "× nanoGPT"
   divides by nanoGPT's best.
 - gpt2_step: the median ms per step (triton.testing.do_bench); "× sdpa" divides by impl=sdpa's.
 
 Targets: mix ≥ 0.95× attention's tokens/s with peak memory within 5%, and memory growing linearly with
 block_size on the SDPA path; at nanoGPT's own CPU example config, our attention step ≤ 1.00× nanoGPT's time
-and mix ≤ 1.03×. Shared machines are noisy, so every comparison interleaves its contestants and keeps the best
-of several repeats: noise only ever slows a step down or adds memory.
+and mix ≤ 1.03×. Shared machines are noisy, so every comparison interleaves its contestants and keeps the
+best of several repeats: noise only ever slows a step down or adds memory.
 """
 import importlib.util
 import json
@@ -77,7 +77,8 @@ def training_step(model, opt, x, grad_clip=1.0):
 
 
 def measure(op, impl, block_size, batch_size, iters, warmup=3):
-    """One configuration in this process: tokens/s over `iters` steps and peak MiB above the model's baseline."""
+    """One configuration in this process: tokens/s over `iters` steps and peak MiB above the model's
+    baseline."""
     keep_freed_memory()  # as train.py does on a CPU
     torch.manual_seed(0)
     model = GPT(GPTConfig(**DEMO, block_size=block_size, op=op, impl=impl))
@@ -146,13 +147,15 @@ def bench_ops(cfg):
         configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",") for impl in cfg.impls.split(",")
                    for op in cfg.ops.split(",")]
     except ValueError:
-        raise ConfigError(f"block_sizes={cfg.block_sizes!r} is not allowed: give integers like 128,256") from None
+        raise ConfigError(f"block_sizes={cfg.block_sizes!r} is not allowed: "
+                          "give integers like 128,256") from None
     repeats = {c: [] for c in configs}
     for _ in range(cfg.repeats):
         for op, impl, T in configs:
             repeats[op, impl, T].append(measure_in_subprocess(op, impl, T, cfg.batch_size, cfg.iters))
     best = {c: best_of(rs) for c, rs in repeats.items()}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, batch {cfg.batch_size}, "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, "
+          f"batch {cfg.batch_size}, "
           f"{cfg.iters} steps, best of {cfg.repeats}")
     print("\n".join(ops_table(best)))
     return best
@@ -214,7 +217,8 @@ def bench_nanogpt(cfg):
 
 
 def bench_gpt2_step(cfg):
-    """GPT-2 small (124M), op=mix, bf16, torch.compile: ms per training step with the fused kernel and with SDPA."""
+    """GPT-2 small (124M), op=mix, bf16, torch.compile: ms per training step with the fused kernel and with
+    SDPA."""
     if not torch.cuda.is_available():
         raise ConfigError("what=gpt2_step needs a CUDA GPU")
     from triton.testing import do_bench

@@ -42,7 +42,8 @@ class ShardFile:
 
     The tokens go to path.tmp behind a blank header; on a clean exit the header gets the final count and the
     file is renamed to path. If anything fails (a full disk, an exception in the caller) the temporary file is
-    removed, and a killed process leaves at most a .tmp: never a file under the real name that is incomplete."""
+    removed, and a killed process leaves at most a .tmp: never a file under the real name that is
+    incomplete."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
@@ -131,8 +132,10 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
     or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
     ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
-        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16 and \
-        (meta["tokenizer"] != "char" or isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"])
+        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
+    if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
+        chars = meta.get("chars")
+        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
                         "integer in 1..65536; chars for char): it was edited or comes from elsewhere; "
@@ -166,8 +169,11 @@ def load_meta(data_dir):
 def unigram_loss(data_dir, vocab_size):
     """Val loss of a model that ignores context and predicts the train split's token frequencies (add-one
     smoothed): the baseline every trained model must beat."""
-    counts = [sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64) for p in find_shards(data_dir, s))
-              for s in ("train", "val")]
+    counts = []  # (vocab_size,) token counts of the train split, then of the val split
+    for split in ("train", "val"):
+        shard_counts = (np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)
+                        for p in find_shards(data_dir, split))
+        counts.append(sum(shard_counts))
     p_train = (counts[0] + 1) / (counts[0] + 1).sum()
     return float(-(counts[1] * np.log(p_train)).sum() / counts[1].sum())
 
@@ -202,13 +208,15 @@ class ShardLoader:
     start at a seeded offset in [0, block_size), so small corpora are not cut into the same blocks again.
     (epoch, shard, pos) is the whole state, so a resumed run continues on exactly the same data."""
 
-    def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None, seed=0):
+    def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None,
+                 seed=0):
         if min(batch_size, block_size, world_size) < 1 or not 0 <= rank < world_size:
             raise DataError(f"bad loader settings: batch_size={batch_size}, block_size={block_size}, "
                             f"rank={rank}, world_size={world_size}")
         self.shards = find_shards(data_dir, split)
         if not self.shards:
-            raise DataError(f"no {split} shards matching *_{split}_*.bin in {data_dir}; prepare the dataset with "
+            raise DataError(f"no {split} shards matching *_{split}_*.bin in {data_dir}; "
+                            "prepare the dataset with "
                             "prepare_data.py (python prepare_data.py --help)")
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
         self.vocab_size, self.seed = vocab_size, seed
@@ -239,9 +247,11 @@ class ShardLoader:
         if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
             self.shard, self.tokens = state["shard"], read_shard(self.shards[state["shard"]], self.vocab_size)
             if len(self.tokens) < self.step * self.T + 1:
-                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than one batch of "
+                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than "
+                                f"one batch of "
                                 f"world_size*batch_size*block_size+1 = {self.step * self.T + 1}; "
-                                "use a smaller batch or block, or prepare the data with a larger --shard_size")
+                                "use a smaller batch or block, "
+                                "or prepare the data with a larger --shard_size")
         if moved:
             self.epoch = state["epoch"]
             self._shuffle()
@@ -263,17 +273,19 @@ class ShardLoader:
     def next_batch(self):
         if self.pos + self.step > len(self.starts):  # this shard is used up: next shard, or next epoch
             last = self.shard + 1 == len(self.shards)
-            self.load_state_dict({"epoch": self.epoch + last, "shard": (self.shard + 1) % len(self.shards), "pos": 0})
+            next_shard = (self.shard + 1) % len(self.shards)
+            self.load_state_dict({"epoch": self.epoch + last, "shard": next_shard, "pos": 0})
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
-        buf = torch.from_numpy(np.stack([self.tokens[s:s + self.T + 1] for s in mine]).astype(np.int64))  # (B, T+1)
+        windows = np.stack([self.tokens[s:s + self.T + 1] for s in mine])  # (B, T+1)
+        buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
         self.pos += self.step
         return buf[:, :-1], buf[:, 1:]
 
 
 class ValSet:
     """The val set: the first val_tokens tokens of the val split (all of it when shorter), predicted in order
-    by block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may be
-    shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows
+    by block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may
+    be shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows
     r, r + world_size, ..., and the sum of the per-token losses over all ranks, divided by `count`, is the val
     loss (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
 

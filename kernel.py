@@ -46,9 +46,9 @@ LOG2E = 1.4426950408889634  # we use exp2 (fast on GPUs): e^x = 2^(x·log2 e)
 
 # -----------------------------------------------------------------------------
 # Triton kernels. A program handles one tile of BLOCK_M query rows (forward) or BLOCK_N key rows (backward) of
-# one (batch, head) and loops over the tiles of the other side. q, k, v share their strides (stride_b, stride_h,
-# stride_t; the last one is 1). What the kernels write per row (out, pv, dq, dk, dv) and dout live in
-# (B, T, H, D) memory: row t of head h in batch b starts at ((b·T + t)·H + h)·D.
+# one (batch, head) and loops over the tiles of the other side. q, k, v share their strides (stride_b,
+# stride_h, stride_t; the last one is 1). What the kernels write per row (out, pv, dq, dk, dv) and dout
+# live in (B, T, H, D) memory: row t of head h in batch b starts at ((b·T + t)·H + h)·D.
 
 
 @triton.jit
@@ -58,7 +58,8 @@ def _load_rows(ptr, rows, T, stride, D: tl.constexpr):  # (len(rows), D) tile; r
 
 @triton.jit
 def _store_rows(ptr, rows, x, T, stride, D: tl.constexpr):
-    tl.store(ptr + rows[:, None] * stride + tl.arange(0, D)[None, :], x.to(ptr.dtype.element_ty), rows[:, None] < T)
+    tl.store(ptr + rows[:, None] * stride + tl.arange(0, D)[None, :], x.to(ptr.dtype.element_ty),
+             rows[:, None] < T)
 
 
 @triton.jit
@@ -100,9 +101,11 @@ def _fwd_kernel(Q, K, V, A, Bc, Out, PV, LSE, T, H, stride_b, stride_h, stride_t
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # (BLOCK_M,)
     l, acc = tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M, D], tl.float32)  # (BLOCK_M,), (BLOCK_M, D)
     # keys before the tile's first row are visible to all its rows: no mask. Then the diagonal tiles, masked.
-    acc, l, m = _fwd_tiles(acc, l, m, q, K, V, rows, 0, start_m, T, stride_t, qk_scale, D, BLOCK_N, False, PREC)
+    acc, l, m = _fwd_tiles(acc, l, m, q, K, V, rows, 0, start_m, T, stride_t, qk_scale,
+                           D, BLOCK_N, False, PREC)
     hi = tl.minimum(start_m + BLOCK_M, T)
-    acc, l, m = _fwd_tiles(acc, l, m, q, K, V, rows, start_m, hi, T, stride_t, qk_scale, D, BLOCK_N, True, PREC)
+    acc, l, m = _fwd_tiles(acc, l, m, q, K, V, rows, start_m, hi, T, stride_t, qk_scale,
+                           D, BLOCK_N, True, PREC)
     pv = acc / l[:, None]  # (BLOCK_M, D) = P·v for these rows
     a, b = tl.load(A + h).to(tl.float32), tl.load(Bc + h).to(tl.float32)
     v_own = _load_rows(V, rows, T, stride_t, D).to(tl.float32)  # (BLOCK_M, D) the I·v term
@@ -113,11 +116,13 @@ def _fwd_kernel(Q, K, V, A, Bc, Out, PV, LSE, T, H, stride_b, stride_h, stride_t
 
 # Backward. With out = a·v + b·PV and dout the gradient of out, the gradient reaching PV is b·dout, so
 #   dv = a·dout + b·Pᵀ·dout,   da = Σ dout∘v,   db = Σ dout∘PV,
-# and for the scores s = q·kᵀ/√D (flash-attention-2): dP = b·dout·vᵀ, dS = P∘(dP - Δ) with the row sums
+# and for the scores s = q·kᵀ/√D (flash-attention-2): dP = b·dout·vᵀ, dS = P∘(dP - Δ) with the
+# row sums
 #   Δ_i = Σ_j P_ij·dP_ij = b·rowsum(dout∘PV)_i,   then  dq = dS·k/√D,  dk = dSᵀ·q/√D.
 # Δ, da and db are O(T·D): a small kernel computes them first. The main kernel then holds one key tile and
-# walks the query tiles that can see it, computing Pᵀ and dPᵀ directly (sᵀ = k·qᵀ) so nothing is transposed
-# in registers: 5 matmuls per tile, dk and dv summed in registers, dq added to an fp32 buffer with atomics.
+# walks the query tiles that can see it, computing Pᵀ and dPᵀ directly (sᵀ = k·qᵀ) so nothing is
+# transposed in registers: 5 matmuls per tile, dk and dv summed in registers, dq added to an fp32
+# buffer with atomics.
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -147,22 +152,27 @@ def _bwd_tiles(dk, dv, k, v, Q, DO, DQ, LSE, Delta, keys, lo, hi, T, HD, stride_
         do = _load_rows(DO, rows, T, HD, D)  # (BLOCK_M, D)
         lse = tl.load(LSE + rows, mask=rows < T, other=float("inf"))  # (BLOCK_M,); rows past T get P = 0
         delta = tl.load(Delta + rows, mask=rows < T, other=0.0)  # (BLOCK_M,) Δ/√D
-        pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale - lse[None, :])  # (BLOCK_N, BLOCK_M)
+        # (BLOCK_N, BLOCK_M)
+        pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale - lse[None, :])
         if DIAGONAL:
             pT = tl.where(keys[:, None] <= rows[None, :], pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)  # (BLOCK_N, D) Pᵀ·dout
         dpT = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BLOCK_N, BLOCK_M) (dout·vᵀ)ᵀ
         dsT = pT * (dp_scale * dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) dSᵀ/√D  (dp_scale = b/√D)
         dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)  # (BLOCK_N, D)
-        dqT = tl.dot(tl.trans(k), dsT.to(k.dtype), input_precision=PREC)  # (D, BLOCK_M) this key tile's dq share
-        tl.atomic_add(DQ + rows[None, :] * HD + tl.arange(0, D)[:, None], dqT, mask=rows[None, :] < T, sem="relaxed")
+        # (D, BLOCK_M) this key tile's dq share
+        dqT = tl.dot(tl.trans(k), dsT.to(k.dtype), input_precision=PREC)
+        tl.atomic_add(DQ + rows[None, :] * HD + tl.arange(0, D)[:, None], dqT, mask=rows[None, :] < T,
+                      sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["T"])
-def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stride_h, stride_t, qk_scale, sm_scale,
+def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stride_h, stride_t,
+                qk_scale, sm_scale,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
-    bh, start_n = tl.program_id(0), tl.program_id(1) * BLOCK_N  # early key tiles see the most rows: they go first
+    # early key tiles see the most rows: they go first
+    bh, start_n = tl.program_id(0), tl.program_id(1) * BLOCK_N
     b_idx, h = bh // H, bh % H
     qkv = b_idx.to(tl.int64) * stride_b + h * stride_h
     own = (b_idx.to(tl.int64) * T * H + h) * D
@@ -170,10 +180,13 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     k = _load_rows(K + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     v = _load_rows(V + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     a, b = tl.load(A + h).to(tl.float32), tl.load(Bc + h).to(tl.float32)
-    dk, dv = tl.zeros([BLOCK_N, D], tl.float32), tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀ·q/√D, Pᵀ·dout
-    Q, DO, DQ, LSE, Delta = Q + qkv, DO + own, DQ + own, LSE + bh.to(tl.int64) * T, Delta + bh.to(tl.int64) * T
+    dk = tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀ·q/√D
+    dv = tl.zeros([BLOCK_N, D], tl.float32)  # Pᵀ·dout
+    rows_of_bh = bh.to(tl.int64) * T  # this (batch, head) in LSE and Delta
+    Q, DO, DQ, LSE, Delta = Q + qkv, DO + own, DQ + own, LSE + rows_of_bh, Delta + rows_of_bh
     # the query tiles on the diagonal need the causal mask; all later rows see every key of this tile
-    dk, dv = _bwd_tiles(dk, dv, k, v, Q, DO, DQ, LSE, Delta, keys, start_n, tl.minimum(start_n + BLOCK_N, T), T,
+    diagonal_end = tl.minimum(start_n + BLOCK_N, T)
+    dk, dv = _bwd_tiles(dk, dv, k, v, Q, DO, DQ, LSE, Delta, keys, start_n, diagonal_end, T,
                         H * D, stride_t, qk_scale, b * sm_scale, D, BLOCK_M, True, PREC)
     dk, dv = _bwd_tiles(dk, dv, k, v, Q, DO, DQ, LSE, Delta, keys, start_n + BLOCK_N, T, T,
                         H * D, stride_t, qk_scale, b * sm_scale, D, BLOCK_M, False, PREC)
@@ -186,11 +199,12 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
 # against SDPA.
 
 
-# Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?, D ≤ 64). In
-# bf16 and fp16 each fits shared memory and has 0 register spills on sm_90 (Hopper) or sm_80, under triton 3.6
-# and 3.9 (test_compiles_for_hopper_and_ampere_without_spills). fp32 gets only the last, smallest one: it does
-# spill registers in fp32, which is slow but correct, and fp32 is for checks, not speed. Forward: BLOCK_N
-# divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
+# Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?,
+# D ≤ 64). In bf16 and fp16 each fits shared memory and has 0 register spills on sm_90 (Hopper) or sm_80,
+# under triton 3.6 and 3.9 (test_compiles_for_hopper_and_ampere_without_spills). fp32 gets only the last,
+# smallest one: it does spill registers in fp32, which is slow but correct, and fp32 is for checks, not
+# speed. Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides
+# BLOCK_N.
 CONFIGS = {
     ("fwd", True, True): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 2)],
     ("fwd", True, False): [(128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
@@ -316,15 +330,18 @@ def _check_inputs(q, k, v, a, b):
         require(x.dim() == 1 and x.shape[0] == H and x.is_floating_point(),
                 f"{name} must be 1-D of length H={H} and floating-point, got {tuple(x.shape)} {x.dtype}")
     require(q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32),
-            f"q, k, v must share one dtype among float16, bfloat16, float32, got {q.dtype}, {k.dtype}, {v.dtype}")
+            f"q, k, v must share one dtype among float16, bfloat16, float32, "
+            f"got {q.dtype}, {k.dtype}, {v.dtype}")
     require(len({x.device for x in (q, k, v, a, b)}) == 1,
             f"q, k, v, a, b must be on one device, got {[str(x.device) for x in (q, k, v, a, b)]}")
     require(q.device.type == "cuda" or (q.device.type == "cpu" and INTERPRET),
-            f"tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before kernel.py is imported), got {q.device}")
+            f"tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before kernel.py is imported), "
+            f"got {q.device}")
 
 
 def mix_attention(q, k, v, a, b, configs=None):
-    """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,). Differentiable.
+    """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,).
+    Differentiable.
     configs: the (forward, backward) launch configs; None: SMALL in the interpreter, on a GPU the fastest of
     the configs that pass accuracy() for this shape bucket, chosen at first use (ValueError if none does)."""
     _check_inputs(q, k, v, a, b)
@@ -365,7 +382,8 @@ def model_inputs(B, H, T, D, dtype, device, seed=0):
     return [t.detach().requires_grad_() for t in (q, k, v, a.to(device), b.to(device))], dout
 
 
-def reference(q, k, v, a, b):  # a different computation from the kernel's: PyTorch's SDPA plus the identity term
+# a different computation from the kernel's: PyTorch's SDPA plus the identity term
+def reference(q, k, v, a, b):
     return a[:, None, None] * v + b[:, None, None] * F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 

@@ -70,7 +70,8 @@ def compare_gpt2(steps, batch_size=4, device="cuda", dtypes=(torch.bfloat16, tor
     config = GPTConfig(op="mix", **model_args)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.block_size), generator=g).to(device)
-    print(f"\n{config.n_layer} layers × {config.n_head} heads × {config.n_embd}, op=mix, {steps} training steps "
+    print(f"\n{config.n_layer} layers × {config.n_head} heads × {config.n_embd}, op=mix, "
+          f"{steps} training steps "
           f"(B={batch_size}, T={config.block_size}): impl=triton against impl=sdpa")
     print("| dtype | step | loss triton | loss sdpa | grad norm triton | grad norm sdpa | worst parameter's "
           "grad norm, triton / sdpa - 1 | result |")
@@ -97,10 +98,12 @@ def compare_gpt2(steps, batch_size=4, device="cuda", dtypes=(torch.bfloat16, tor
                 curves[impl].append((loss.item(), norm.item(), norms.float()))
         for step, ((lt, nt, pt), (ls, ns, ps)) in enumerate(zip(curves["triton"], curves["sdpa"])):
             worst = ((pt - ps).abs() / ps.clamp_min(1e-12)).max().item()
-            ok = abs(lt - ls) <= 0.01 * abs(ls) and abs(nt - ns) <= 0.05 * abs(ns) and worst <= 0.05  # NaN fails
+            # a NaN anywhere fails every comparison
+            ok = abs(lt - ls) <= 0.01 * abs(ls) and abs(nt - ns) <= 0.05 * abs(ns) and worst <= 0.05
             all_ok &= ok
             result = "pass" if ok else "FAIL"
-            print(f"| {str(dtype)[6:]} | {step} | {lt:.4f} | {ls:.4f} | {nt:.4f} | {ns:.4f} | {worst:.1e} | {result} |")
+            print(f"| {str(dtype)[6:]} | {step} | {lt:.4f} | {ls:.4f} | {nt:.4f} | {ns:.4f} "
+                  f"| {worst:.1e} | {result} |")
     return all_ok
 
 

@@ -58,7 +58,8 @@ class HeadOperator(nn.Module):
         """Raise a ValueError that names the control when a value is not allowed."""
 
     def scalar(self, name, value, learn=True):
-        """One value per head: a Parameter when learned, else a buffer (saved with the model, never trained)."""
+        """One value per head: a Parameter when learned, else a buffer (saved with the model, never
+        trained)."""
         t = torch.full((self.n_head,), float(value))
         setattr(self, name, nn.Parameter(t)) if learn else self.register_buffer(name, t)
 
@@ -98,7 +99,8 @@ class Laplacian(HeadOperator):
     def check(cls, n_head, controls):
         n = controls["laplacian_heads"]
         if n is not None and (type(n) is not int or not 0 <= n <= n_head):
-            raise ValueError(f"laplacian_heads={n!r} is not allowed: give an integer in 0..n_head={n_head}, or None for half")
+            raise ValueError(f"laplacian_heads={n!r} is not allowed: "
+                             f"give an integer in 0..n_head={n_head}, or None for half")
 
     def __init__(self, n_head, laplacian_heads):
         super().__init__(n_head)
@@ -125,7 +127,8 @@ class Mix(HeadOperator):
         if g_min is not None and type(g_min) not in (int, float):
             raise ValueError(f"gamma_min={g_min!r} is not allowed: give a number (γ is kept ≥ it) or None")
         if g_min is not None and controls["gamma_init"] < g_min:
-            raise ValueError(f"gamma_init={controls['gamma_init']} is below gamma_min={g_min}: start γ inside its range")
+            raise ValueError(f"gamma_init={controls['gamma_init']} is below gamma_min={g_min}: "
+                             "start γ inside its range")
 
     def __init__(self, n_head, gamma_init, delta_init, learn_gamma, learn_delta, gamma_min):
         super().__init__(n_head)
@@ -161,7 +164,8 @@ class MixAlpha(HeadOperator):
 
 @register_op("mix_ab")
 class MixAB(HeadOperator):
-    """α·P + β(I - P) = β·I + (α - β)·P, both learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
+    """α·P + β(I - P) = β·I + (α - β)·P, both learned, started where δ(γI + P) starts:
+    α = δ(1 + γ), β = δγ."""
     controls = dict(
         gamma_init=0.0,  # start as mix does with this γ
         delta_init=1.0,  # start as mix does with this δ
