@@ -48,6 +48,11 @@ def in_range(low, high):
     return rule
 
 
+# a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's per-iteration seeds
+# (seed + 1000003 × iter + rank) stay within the 64 bits torch.manual_seed takes
+SEED = in_range(0, 2**32)
+
+
 def nonempty(key, value):
     if not value.strip():
         raise ConfigError(f"{key} is empty: give a value")

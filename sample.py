@@ -11,10 +11,9 @@ import sys
 
 import torch
 
-from configurator import ConfigError, at_least, configure, optional
-from model import GPT, GPTConfig
+from configurator import SEED, ConfigError, at_least, configure, optional
 from prepare_data import get_tokenizer
-from rundir import load_checkpoint
+from rundir import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     out_dir="out/demo",  # the run directory holding ckpt.pt
@@ -26,7 +25,18 @@ DEFAULTS = dict(
     seed=1337,
     device="cpu",  # or cuda, cuda:1, mps
 )
-RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=at_least(0.0), seed=at_least(0),
+
+
+def temperature_rule(key, value):
+    """0, or at least 0.001: dividing the logits by less overflows them to inf (and sampling from them to
+    NaN), while at 0.001 sampling already picks the most likely token nearly always, as 0 does exactly."""
+    at_least(0.0)(key, value)
+    if value != 0 and value < 1e-3:
+        raise ConfigError(f"{key}={value!r} is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
+    return value
+
+
+RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
              top_k=optional(int, at_least(1)))
 
 
@@ -34,6 +44,8 @@ def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:"):]
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):  # would hang or never end
+        raise ConfigError(f"--start=FILE:{path}: not a regular file (a FIFO or a device); give a text file")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -53,9 +65,7 @@ def sample(cfg):
     if device.type == "cuda" and not torch.cuda.is_available() or device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-    model = GPT(GPTConfig(**{**ckpt["model_args"], "impl": "auto"}))
-    model.load_state_dict(ckpt["model"])
-    model.eval().to(device)
+    model = model_from_checkpoint(ckpt, impl="auto").eval().to(device)  # train.py's checks of the weights
     encode, decode = get_tokenizer(ckpt["meta"])
     idx = torch.tensor([encode(read_prompt(cfg.start))], dtype=torch.long, device=device)
     if idx.numel() == 0:
