@@ -212,8 +212,8 @@ def build_model(cfg, given, meta, ckpt):
 def train(cfg, given=frozenset()):
     # --- set-up: the checkpoint to continue, processes, device ---------------------------------------------------
     ckpt_path, ckpt, changed = os.path.join(cfg.out_dir, "ckpt.pt"), None, []
-    rank, local_rank, world_size = ddp_env()  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
-    ddp = "RANK" in os.environ
+    rank, local_rank, world_size = ddp_env()
+    ddp = local_rank is not None  # started by torchrun
     if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
         ckpt = load_checkpoint(ckpt_path)
         for k, v in ckpt["config"].items():  # a resumed run keeps its settings and how it began, except those given now
