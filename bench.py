@@ -1,5 +1,5 @@
 """
-Benchmarks, each printed as ratios measured in one run (the README quotes them with date and machine):
+Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quotes them with date and machine):
 
     python bench.py                                   # CPU: tokens/s and peak memory of attention, laplacian, mix
     python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024 --repeats=1

@@ -17,6 +17,7 @@ import stat
 import subprocess
 import zipfile
 
+import filelock
 import torch
 
 from configurator import ConfigError
@@ -24,38 +25,54 @@ from model import GPT, GPTConfig
 
 RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # all that train.py writes into a run directory
 
-_held = {}  # run directory -> the open lock file by which this process holds it
+_held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor]) while this process holds it
 
 
 def lock_run_dir(out):
-    """Lock out/lock while this process writes the run: a second writer is refused. The operating system
-    releases the lock when the process ends, even by kill -9, so a stale lock never blocks the next run."""
-    import fcntl  # lazy: POSIX only
+    """Lock out/lock while this process writes the run: a second writer is refused, told which process holds
+    it (the file's first line). filelock.FileLock is the operating system's lock: flock on Linux and macOS,
+    LockFileEx on Windows. The OS releases it when the process ends, even by kill -9, so a stale lock never
+    blocks the next run. Where there is no OS lock, FileLock is a marker file that names its process on the
+    first line, and filelock takes it over once that process is gone."""
     key = os.path.realpath(out)
     if key in _held:  # already ours (several runs in one process, as in the tests)
         return
-    f = open(os.path.join(out, "lock"), "a+")
+    path = os.path.join(out, "lock")
+    fds, options = [], {}  # fds: the OS lock's own descriptor, once acquired; a marker file has none
+    if filelock.FileLock is not filelock.SoftFileLock:  # an OS lock: the file is ours to write, and it stays
+        options = dict(preserve_lock_file=True, on_acquired=fds.append)
+    lock = filelock.FileLock(path, blocking=False, **options)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        raise ConfigError(f"{out} is in use by another run (process {f.read().strip() or '?'}); wait for it to "
+        lock.acquire()
+    except filelock.Timeout:
+        raise ConfigError(f"{out} is in use by another run (process {_holder(path)}); wait for it to "
                           "finish or choose another --out_dir") from None
-    f.seek(0)
-    previous = f.read().strip()  # a run that finishes empties the file
-    if previous and previous != str(os.getpid()):
-        print(f"note: the previous run in {out} (process {previous}) stopped before finishing; its lock went with it")
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
-    _held[key] = f
+    for fd in fds:  # write through the lock's descriptor: on Windows the lock keeps other handles out
+        previous = os.read(fd, 100).decode(errors="replace").strip()  # a run that finishes empties the file
+        if previous and previous != str(os.getpid()):
+            print(f"note: the previous run in {out} (process {previous}) stopped before finishing; "
+                  "its lock went with it")
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, str(os.getpid()).encode())
+    _held[key] = lock, fds
+
+
+def _holder(path):
+    """The process id on the lock file's first line, or '?'."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip() or "?"
+    except OSError:  # on Windows the holder's lock keeps others from reading the byte it locks
+        return "?"
 
 
 def unlock_run_dir(out):
-    f = _held.pop(os.path.realpath(out), None)
-    if f is not None:
-        f.truncate(0)
-        f.close()
+    lock, fds = _held.pop(os.path.realpath(out), (None, []))
+    for fd in fds:
+        os.ftruncate(fd, 0)  # a run that finished leaves no process behind in the lock file
+    if lock is not None:
+        lock.release()
 
 
 # -----------------------------------------------------------------------------
@@ -163,8 +180,8 @@ def check_run_dir(out_dir, resuming):
     if "config.json" in names and "log.jsonl" not in names:
         foreign.append("config.json")
     if "lock" in names:
-        holder = read_regular(os.path.join(out_dir, "lock"), 32).strip()  # a run's process id, or nothing
-        if holder and not holder.isdigit():
+        marker = read_regular(os.path.join(out_dir, "lock"), 4096).decode(errors="replace").strip()
+        if marker and not marker.splitlines()[0].strip().isdigit():  # a run's lock starts with its process id
             foreign.append("lock")
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")

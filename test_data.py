@@ -508,8 +508,10 @@ class FakeHub:
     def __init__(self, monkeypatch, files):
         self.files, self.served, self.downloads = files, {}, []
         self.info_error = self.error = self.fail_at = None
-        monkeypatch.setattr(huggingface_hub, "get_paths_info", self.get_paths_info)
-        monkeypatch.setattr(huggingface_hub, "hf_hub_download", self.hf_hub_download)
+        # huggingface_hub serves its names through a module __getattr__: the fakes go into the module's dict,
+        # and undoing that deletes them again, whatever monkeypatch.setattr's undo does for dynamic attributes
+        monkeypatch.setitem(vars(huggingface_hub), "get_paths_info", self.get_paths_info)
+        monkeypatch.setitem(vars(huggingface_hub), "hf_hub_download", self.hf_hub_download)
 
     def get_paths_info(self, repo_id, paths, repo_type, revision):
         assert repo_type == "dataset" and (repo_id, revision) in ((pd.OWT_REPO, pd.OWT_REVISION),

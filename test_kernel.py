@@ -348,11 +348,15 @@ def test_launch_config_forced_by_tests(monkeypatch):
     monkeypatch.setattr(kernel, "FORCE_CONFIG", {"fwd": (128, 64, 8, 3), "bwd": (32, 128, 8, 2)})
     assert kernel._pick("fwd", q, None) == (128, 64, 8, 3) and kernel._pick("bwd", q, None) == (32, 128, 8, 2)
     cfg = (64, 32, 4, 2)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    assert kernel._kw(cfg, q) == dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PREC="ieee")
-    assert kernel._kw(cfg, q.half())["PREC"] == kernel._kw(cfg, q.bfloat16())["PREC"] == "tf32"
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert kernel._kw(cfg, q)["PREC"] == "tf32"
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # served by __getattr__: monkeypatch cannot undo it
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert kernel._kw(cfg, q) == dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PREC="ieee")
+        assert kernel._kw(cfg, q.half())["PREC"] == kernel._kw(cfg, q.bfloat16())["PREC"] == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert kernel._kw(cfg, q)["PREC"] == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def test_usable_refuses_a_kernel_that_gives_nan(monkeypatch):
