@@ -270,7 +270,8 @@ def test_a_prompt_file_that_never_ends_is_refused(finished_run):
     p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), f"--out_dir={finished_run}",
                         "--start=FILE:prompt"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr == "error: --start=FILE:prompt: not a regular file (a FIFO or a device); give a text file\n"
+    assert p.stderr == "error: --start=FILE:prompt: not a regular file (a FIFO or a device); give a text " \
+                       "file\n"
 
 
 def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
