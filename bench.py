@@ -22,10 +22,19 @@ import time
 import torch
 
 from configurator import ConfigError, at_least, configure, one_of
-from model import GPT, GPTConfig, keep_freed_memory
+from hardware import keep_freed_memory
+from model import GPT, GPTConfig
 
-DEFAULTS = dict(what="ops", ops="attention,laplacian,mix", impls="sdpa", block_sizes="256", batch_size=8, iters=20,
-                repeats=5, nanogpt="")
+DEFAULTS = dict(
+    what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU)
+    ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
+    impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
+    block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
+    batch_size=8,  # (what=ops) sequences per step
+    iters=20,  # (what=ops, nanogpt) timed training steps per measurement
+    repeats=5,  # (what=ops, nanogpt) measurements of each, the best one counts
+    nanogpt="",  # (what=nanogpt) the path of nanoGPT's model.py
+)
 RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step"), batch_size=at_least(1), iters=at_least(1), repeats=at_least(1))
 DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
 # nanoGPT's CPU example (README of nanoGPT: shakespeare_char on a CPU)
@@ -163,7 +172,7 @@ def bench_gpt2_step(cfg):
 
 def main(argv):
     try:
-        cfg = configure(DEFAULTS, argv, RULES, files=False)[0]
+        cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
         return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step}[cfg.what](cfg)
     except ValueError as e:
         sys.exit(f"error: {e}")

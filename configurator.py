@@ -7,12 +7,15 @@ Settings start at a script's defaults. Each config file (Python that assigns nam
 --key=value argument does (the value is read as a Python literal, else taken as text). Each setting is checked
 once, here: an unknown key gets a "did you mean", a value of the wrong type or outside its range gets one line
 that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
+--help prints the script's docstring, then every setting with its default and the comment beside it.
 """
 import difflib
+import inspect
 import math
 import numbers
 import os
 import sys
+import tokenize
 from ast import literal_eval
 from types import SimpleNamespace
 
@@ -102,13 +105,13 @@ def parse_value(text, default):
     return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024 is text
 
 
-def configure(defaults, argv, rules=None, files=True):
+def configure(defaults, argv, rules=None, files=True, help_from=()):
     """Defaults, then config files (when files=True), then --key=value, whatever their order in argv. Returns
-    (cfg, given): the settings as attributes, and the set of keys a config file or the command line set."""
+    (cfg, given): the settings as attributes, and the set of keys a config file or the command line set.
+    help_from: (prefix, module or class) pairs whose source sets the defaults, for --help (see comments)."""
     rules = rules or {}
-    if "-h" in argv or "--help" in argv:  # the script's own docstring says how to run it, then every setting
-        print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
-        print("\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+    if "-h" in argv or "--help" in argv:
+        print_help(defaults, help_from)
         sys.exit(0)
     values, given = dict(defaults), set()
     for arg in argv:
@@ -125,6 +128,40 @@ def configure(defaults, argv, rules=None, files=True):
             values[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
             given.add(key)
     return SimpleNamespace(**values), given
+
+
+def comments(source):
+    """{name: the comment beside its default} in the source of a module or class: the lines that start with
+    a name and = or : (`name = value  # ...`, `name=value,  # ...` in a dict, `name: type = value  # ...`)."""
+    try:
+        lines = inspect.getsourcelines(source)[0]
+    except (OSError, TypeError):  # defined where no source file is (an operator made in a notebook, say)
+        return {}
+    found, line = {}, []
+    for tok in tokenize.generate_tokens(iter(lines).__next__):
+        if tok.type in (tokenize.NEWLINE, tokenize.NL):
+            line = []
+        elif tok.type == tokenize.COMMENT:
+            if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
+                found.setdefault(line[0].string, tok.string.lstrip("#").strip())  # the first one: the default
+        elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
+            line.append(tok)
+    return found
+
+
+def print_help(defaults, help_from):
+    """The script's docstring (how to run it), then one line per setting: its default and what it does, the
+    comment beside that default (prefixed, e.g. '(op=mix) ', by where it comes from)."""
+    said = {}  # name -> {comment: the prefixes of the sources that say it}
+    for prefix, source in help_from:
+        for name, comment in comments(source).items():
+            said.setdefault(name, {}).setdefault(comment, []).append(prefix)
+    settings = {k: f"--{k}={v!r}" for k, v in defaults.items()}
+    width = min(36, max(map(len, settings.values())))
+    print((sys.modules["__main__"].__doc__ or "").strip() + "\n\nsettings and their defaults:")
+    for k, setting in settings.items():
+        text = "; ".join("".join(prefixes) + comment for comment, prefixes in said.get(k, {}).items())
+        print(f"  {setting:{width}}  {text}".rstrip())
 
 
 def read_config_file(path):

@@ -11,9 +11,8 @@ Given several runs it prints a table sorted by final val loss, then the seed gro
 in seed) with paired statistics against attention: each run minus the attention run of the same seed and
 config (same initial weights and data order), the mean of those differences with its 95% t confidence
 interval, the paired t-test p-value and the sign count ("k/n lower") with its exact sign-test p-value.
-It writes PNG figures into DIR (default: the first run's directory), among them corridor_curve.png when
-there are fixed-γ runs (val loss against a fixed γ with δ = 1), and with --csv one row per run
-(setting,seed,iters,val_loss,commit) from which anyone can recompute the statistics.
+It writes PNG figures, among them corridor_curve.png when there are fixed-γ runs (val loss against a fixed γ
+with δ = 1), and with --csv a table of the runs from which anyone can recompute the statistics.
 A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
 import csv
@@ -25,6 +24,7 @@ import re
 import sys
 
 import numpy as np
+from scipy import stats
 
 from configurator import ConfigError, configure, nonempty
 from operators import OPS, all_controls
@@ -127,10 +127,8 @@ def controls(config):
 def describe(run):
     """Short human label: op, changed controls, seed."""
     cfg = run["config"]
-    parts = [cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()]
-    if "seed" in cfg:
-        parts.append(f"seed={cfg['seed']}")
-    return " ".join(parts)
+    seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
+    return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
 
 
 def learns_gamma(run):
@@ -166,113 +164,31 @@ def summarize(run):
 # -----------------------------------------------------------------------------
 # Paired statistics
 # Runs of one seed share their initial weights and data order, so each run is compared with the attention run of
-# the same seed: d_i = val_i − val_attention_i. With n such differences, mean m and sample std s, the paired
-# t-test asks whether the mean difference could be 0: t = m / (s/√n) follows Student's t distribution with n − 1
-# degrees of freedom if it is. The few lines of that distribution are written out here (no scipy needed).
-
-
-def betainc(a, b, x):
-    """Regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz's method)."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    # the fraction converges fast for x < (a+1)/(a+b+2); otherwise use the symmetry I_x(a, b) = 1 − I_{1−x}(b, a)
-    if x > (a + 1) / (a + b + 2):
-        return 1.0 - betainc(b, a, 1.0 - x)
-    # I_x(a, b) = x^a (1−x)^b / (a·B(a, b)) · 1/(1 + d1/(1 + d2/(1 + ...))), with the fraction's terms
-    #   d_{2m} = m(b−m)x / ((a+2m−1)(a+2m)),   d_{2m+1} = −(a+m)(a+b+m)x / ((a+2m)(a+2m+1))
-    front = math.exp(a * math.log(x) + b * math.log1p(-x) - math.lgamma(a) - math.lgamma(b) + math.lgamma(a + b)) / a
-    # Lentz's method evaluates f = 1 + 1/(1 + d1/(1 + d2/(1 + ...))) one level at a time, as the product of the
-    # ratios c·d of successive truncations (the leading "1 + 1/" makes step 0 look like the others); I_x needs f − 1
-    tiny = 1e-300  # keeps the denominators away from zero
-    f, c, d = 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2 == 0:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1.0 + num * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + num / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return front * (f - 1.0)
-
-
-def t_tail(t, df):
-    """P(T ≥ |t|) under Student's t with df degrees of freedom.
-
-    Both forms below are the textbook I_x formula; each is used where its x stays ≤ 1/2, because betainc loses
-    digits when handed an x close to 1 (it must then work with 1 − x, and x's rounding error swamps it)."""
-    if t * t < df:  # the central mass P(|T| < t) = I_{t²/(df+t²)}(1/2, df/2)
-        return 0.5 - 0.5 * betainc(0.5, df / 2.0, t * t / (df + t * t))
-    return 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # the tails P(|T| ≥ t) = I_{df/(df+t²)}(df/2, 1/2)
-
-
-def t_sf2(t, df):
-    """The two-sided p-value P(|T| ≥ |t|)."""
-    return 2.0 * t_tail(t, df)
-
-
-def t_cdf(t, df):
-    """P(T ≤ t): the density is symmetric about 0."""
-    return 1.0 - t_tail(t, df) if t >= 0 else t_tail(t, df)
-
-
-def t_quantile(q, df):
-    """The t with P(T ≤ t) = q, by bisection on the (decreasing) upper tail; e.g. t_quantile(0.975, 7) = 2.3646."""
-    tail = min(q, 1.0 - q)  # by symmetry, find t ≥ 0 with P(T ≥ t) = tail, then give it q's side of 0
-    lo, hi = 0.0, 1.0
-    while t_tail(hi, df) > tail:  # widen until the answer is bracketed
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_tail(mid, df) > tail else (lo, mid)
-        if hi - lo <= 1e-12 * hi:
-            break
-    t = 0.5 * (lo + hi)
-    return t if q > 0.5 else -t if q < 0.5 else 0.0
-
-
-def sign_test_p(k, n):
-    """Two-sided exact sign test: the chance of a split at least as uneven as k of n under a fair coin."""
-    if n == 0:
-        return None
-    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
-    return min(1.0, 2.0 * tail)
+# the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be 0: with n
+# differences, mean m and sample std s, t = m / (s/√n) then follows Student's t with n − 1 degrees of freedom.
+# It is the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
 
 
 def paired_stats(diffs, level=0.95):
-    """Mean paired difference, its t confidence interval, the paired t-test p and the sign test.
-
+    """Mean paired difference, its t confidence interval, the paired t-test p and the exact sign test.
     None marks what the data cannot define: every t statistic needs n ≥ 2 and a non-zero spread (with zero
-    spread t = m/0, and a zero-width interval would claim certainty that two or more seeds cannot give).
-    """
+    spread t = m/0, and a zero-width interval would claim certainty that two or more seeds cannot give)."""
     d = np.array(diffs, dtype=float)
-    n = len(d)
-    out = {"n_pairs": n, "paired_mean": None, "paired_std": None, "ci": None, "t": None, "p_t": None,
+    out = {"n_pairs": len(d), "paired_mean": None, "paired_std": None, "ci": None, "t": None, "p_t": None,
            "k_lower": int((d < 0).sum()), "p_sign": None}
-    if n == 0 or not np.isfinite(d).all():  # a diverged run (val loss NaN) has no meaningful difference
+    if len(d) == 0 or not np.isfinite(d).all():  # a diverged run (val loss NaN) has no meaningful difference
         return out
-    # the sign test counts runs below and above attention and ignores exact ties
-    out["p_sign"] = sign_test_p(out["k_lower"], int((d != 0).sum()))
+    untied = int((d != 0).sum())  # the sign test counts runs below and above attention, and ignores ties
+    if untied:
+        out["p_sign"] = float(stats.binomtest(out["k_lower"], untied).pvalue)  # two-sided, a fair coin
     out["paired_mean"] = float(d.mean())
-    if n < 2:
-        return out
-    s = float(d.std(ddof=1))
-    out["paired_std"] = s
+    out["paired_std"] = sample_std(d)
     # differences of float val losses carry rounding noise of ~1e-16: treat a spread that small as zero
-    if s <= 1e-12 * max(1.0, float(np.abs(d).max())):
+    if out["paired_std"] is None or out["paired_std"] <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return out
-    se = s / math.sqrt(n)  # standard error of the mean
-    half = t_quantile(0.5 + level / 2, n - 1) * se
-    out["ci"] = (out["paired_mean"] - half, out["paired_mean"] + half)
-    out["t"] = out["paired_mean"] / se
-    out["p_t"] = t_sf2(out["t"], n - 1)
+    test = stats.ttest_1samp(d, 0.0)  # two-sided
+    out["ci"] = tuple(float(x) for x in test.confidence_interval(confidence_level=level))  # (low, high)
+    out["t"], out["p_t"] = float(test.statistic), float(test.pvalue)
     return out
 
 
@@ -602,13 +518,15 @@ def report(runs):
     if len(runs) < 2:
         return
     c = compare(runs)
-    print("\n== runs by final val loss (vs attn: minus the mean final val loss of the attention runs of the same config)")
+    print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
+          " attention runs of the same config)")
     print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
                 [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
                   "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in c["rows"]],
                 left=2)
     if any(g["n"] > 1 for g in c["groups"]):
-        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config")
+        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
+              " (val losses in nats per token)")
         print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
                      "corridor>L1"], [group_cells(g) for g in c["groups"]])
         print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
@@ -645,14 +563,18 @@ def write_csv(runs, path):
 
 # -----------------------------------------------------------------------------
 # Command line
+OPTIONS = dict(
+    out="",  # the folder for the figures; default: the first run's directory
+    csv="",  # also write one row per run (setting,seed,iters,val_loss,commit) to this CSV file
+)
 
 
 def main(argv):
     usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
     paths = [a for a in argv if not a.startswith("-")]
     try:
-        opts, _ = configure(dict(out="", csv=""), [a for a in argv if a.startswith("-")],
-                            dict(out=nonempty, csv=nonempty), files=False)
+        opts, _ = configure(OPTIONS, [a for a in argv if a.startswith("-")], dict(out=nonempty, csv=nonempty),
+                            files=False, help_from=[("", sys.modules[__name__])])
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
         return 1
@@ -667,11 +589,9 @@ def main(argv):
         report(runs)
         written = [write_csv(runs, opts.csv)] if opts.csv else []
         try:
-            import matplotlib  # noqa: F401  (figures are optional: the tables and the CSV do not need them)
-        except ImportError:
-            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
-        else:
             written += plot(runs, opts.out or runs[0]["path"])
+        except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
+            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

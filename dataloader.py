@@ -8,6 +8,11 @@ prepare_data.py: a folder without it is not a dataset). train.py reads it with S
 
     loader = ShardLoader("data/pydocs", "train", batch_size=16, block_size=128)
     x, y = loader.next_batch()   # (B, T) int64 inputs and their next-token targets
+
+and evaluates on ValSet, the first val_tokens tokens of the val split read in order (the same tokens on every
+machine, for every seed, batch size and number of processes):
+
+    for x, y in ValSet("data/pydocs", block_size=128, val_tokens=10_485_760).batches(16): ...
 """
 import glob
 import json
@@ -198,4 +203,42 @@ class ShardLoader:
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
         buf = torch.from_numpy(np.stack([self.tokens[s:s + self.T + 1] for s in mine]).astype(np.int64))  # (B, T+1)
         self.pos += self.step
+        return buf[:, :-1], buf[:, 1:]
+
+
+class ValSet:
+    """The val set: the first val_tokens tokens of the val split (all of it when shorter), predicted in order
+    by block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may be
+    shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows
+    r, r + world_size, ..., and the sum of the per-token losses over all ranks, divided by `count`, is the val
+    loss (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
+
+    def __init__(self, data_dir, block_size, val_tokens, rank=0, world_size=1, vocab_size=None):
+        shards = find_shards(data_dir, "val")
+        if not shards:
+            raise DataError(f"no val shards matching *_val_*.bin in {data_dir}; prepare the dataset with "
+                            "prepare_data.py (python prepare_data.py --help)")
+        parts, wanted = [], val_tokens + 1  # +1: the first token is only read, never predicted
+        for path in shards:  # the split is one stream of tokens, its shards in order
+            part = read_shard(path, vocab_size)[:wanted - sum(map(len, parts))]
+            parts.append(np.array(part))  # a copy: at most val_tokens+1 uint16, and no memmap left open
+        self.tokens = np.concatenate(parts)
+        self.count = len(self.tokens) - 1  # the tokens predicted, over all ranks
+        if self.count < 1:
+            raise DataError(f"the val split of {data_dir} has {len(self.tokens)} tokens; it needs at least 2 "
+                            "to predict one: prepare the data with a larger --val_fraction")
+        self.T, self.starts = block_size, list(range(0, self.count, block_size))[rank::world_size]
+
+    def batches(self, batch_size):
+        """This rank's windows as (x, y) int64 batches of up to batch_size; a short last window comes
+        alone."""
+        full = [s for s in self.starts if s + self.T <= self.count]
+        for i in range(0, len(full), batch_size):
+            yield self._batch(full[i:i + batch_size], self.T)
+        for s in self.starts[len(full):]:  # at most one: the split's last window, shorter than T
+            yield self._batch([s], self.count - s)
+
+    def _batch(self, starts, T):
+        windows = np.stack([self.tokens[s:s + T + 1] for s in starts])
+        buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
         return buf[:, :-1], buf[:, 1:]

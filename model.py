@@ -9,7 +9,6 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
     python model.py --op=laplacian
 """
 
-import ctypes
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import hardware
 from operators import OPS, Attention, causal_softmax, operator_matrix
 
 # -----------------------------------------------------------------------------
@@ -48,19 +48,19 @@ def resolve_impl(impl, op, q, dropout_p):
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
+    block_size: int = 1024  # the context length T, in tokens
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # heads per block
+    n_embd: int = 768  # the width C; each head has C / n_head dimensions
+    dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
-    op: str = "mix"  # what every head applies to its values: a name in OPS
+    op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
     controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset ones take defaults
-    impl: str = "auto"  # auto | sdpa | materialized | triton
+    impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
     # GPT-2 was trained with the tanh approximation, so its imported weights need it; a model trained from
     # scratch does not care, and the exact GELU is the faster one on CPUs
-    gelu: str = "none"  # none (exact) | tanh
+    gelu: str = "none"  # the GELU: none (exact) or tanh (GPT-2's approximation)
 
     def __post_init__(self):
         def bad(key, allowed):
@@ -229,7 +229,7 @@ class GPT(nn.Module):
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
         """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown devices."""
-        peak = peak_flops(self.lm_head.weight.device)
+        peak = hardware.peak_flops(self.lm_head.weight.device)
         if peak is None:
             return None
         cfg = self.config
@@ -297,32 +297,6 @@ class GPT(nn.Module):
 
 
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
-# dense bf16 peak FLOP/s of common GPUs, matched in this order against torch.cuda.get_device_name()
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12,
-                   "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12,
-                   "T4": 65e12}
-
-
-def peak_flops(device):
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
-
-def keep_freed_memory():
-    """Training on a CPU: let glibc keep the memory a step frees for the next step (process-wide, from now on).
-    By default it hands large freed blocks back to the OS and page-faults them in again: at nanoGPT's CPU size,
-    500-1800 faults and 1-3 ms of kernel time per 35 ms step. False where the C library is not glibc."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    # blocks below 32 MiB (glibc's largest allowed threshold) come from the heap, and its free top stays mapped
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 1 << 30))
-
 
 # -----------------------------------------------------------------------------
 # Classroom demo: python model.py --op=laplacian

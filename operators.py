@@ -90,7 +90,9 @@ class Attention(HeadOperator):
 @register_op("laplacian")
 class Laplacian(HeadOperator):
     """The Laplacian I - P (Zhang & Papyan) on the last `laplacian_heads` heads, attention P on the rest."""
-    controls = dict(laplacian_heads=None)  # None: half the heads
+    controls = dict(
+        laplacian_heads=None,  # how many heads (the last ones) are Laplacians; None: half
+    )
 
     @classmethod
     def check(cls, n_head, controls):
@@ -109,8 +111,13 @@ class Laplacian(HeadOperator):
 @register_op("mix")
 class Mix(HeadOperator):
     """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen there."""
-    controls = dict(gamma_init=0.0, delta_init=1.0, learn_gamma=True, learn_delta=True,
-                    gamma_min=None)  # after every step γ is projected to ≥ gamma_min (the paper's γ ≥ 0 control)
+    controls = dict(
+        gamma_init=0.0,  # every head's γ at the start (0 with δ = 1: attention)
+        delta_init=1.0,  # every head's δ at the start
+        learn_gamma=True,  # False: γ stays at gamma_init
+        learn_delta=True,  # False: δ stays at delta_init
+        gamma_min=None,  # after every step γ is projected to ≥ gamma_min (the paper's γ ≥ 0 control)
+    )
 
     @classmethod
     def check(cls, n_head, controls):
@@ -138,7 +145,10 @@ class Mix(HeadOperator):
 @register_op("mix_alpha")
 class MixAlpha(HeadOperator):
     """α0·I + α1·P, both learned, started where δ(γI + P) starts: α0 = δγ, α1 = δ."""
-    controls = dict(gamma_init=0.0, delta_init=1.0)
+    controls = dict(
+        gamma_init=0.0,  # start as mix does with this γ
+        delta_init=1.0,  # start as mix does with this δ
+    )
 
     def __init__(self, n_head, gamma_init, delta_init):
         super().__init__(n_head)
@@ -152,7 +162,10 @@ class MixAlpha(HeadOperator):
 @register_op("mix_ab")
 class MixAB(HeadOperator):
     """α·P + β(I - P) = β·I + (α - β)·P, both learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
-    controls = dict(gamma_init=0.0, delta_init=1.0)
+    controls = dict(
+        gamma_init=0.0,  # start as mix does with this γ
+        delta_init=1.0,  # start as mix does with this δ
+    )
 
     def __init__(self, n_head, gamma_init, delta_init):
         super().__init__(n_head)

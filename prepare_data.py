@@ -6,10 +6,9 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
     python prepare_data.py text --input=book.txt            # any UTF-8 file, or a folder of .txt files
     python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
     python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
+    python prepare_data.py hellaswag                        # HellaSwag's val set (train.py's hellaswag_interval)
 
-Options, for the corpora they apply to: --out_dir=data (all); --tokenizer=char|byte|gpt2 --shard_size=100000000
---val_fraction=0.1 --name=NAME (pydocs, shakespeare_char, text); --input=PATH (text); --val_fraction=0.0005
---num_proc=N (openwebtext); --train_shards=N, 1 to 103 (fineweb10B).
+--help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
 Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt shard
 format (see dataloader.py), and meta.json (how to decode), always written last: a folder without meta.json is
@@ -18,7 +17,7 @@ finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/
 out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second one (two
 train.py runs preparing pydocs on the fly, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
-The two hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
+The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
 - openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
   repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
   goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction: a fixed split that
@@ -26,6 +25,9 @@ The two hub corpora are pinned to one revision each, so they are the same wherev
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
   fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header and
   token ids have been checked; a broken download is deleted and named.
+- hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
+  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
+  not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
 """
 import errno
 import hashlib
@@ -58,6 +60,10 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
+# the repository's parquet conversion; the revision and file name as seen in public code and the hub's listing,
+# not checked from here (no network)
+HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
+HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
 
 class ShardWriter:
@@ -136,6 +142,20 @@ def get_tokenizer(meta):
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
                 lambda ids: enc.decode([i for i in ids if i < enc.n_vocab]))
     raise DataError(f"unknown tokenizer {kind!r} in meta.json (expected char, byte or gpt2)")
+
+
+def token_bytes(meta):
+    """The UTF-8 bytes of each token id's text, (vocab_size,) int64: what bits per byte divides by. It follows
+    from the tokenizer alone, so datasets prepared at any time get it the same way. GPT-2's end-of-text token
+    marks where a document starts and is no text of it: 0 bytes (as nanochat counts its special tokens)."""
+    if meta["tokenizer"] == "byte":
+        return np.ones(256, dtype=np.int64)
+    if meta["tokenizer"] == "char":
+        return np.array([len(c.encode("utf-8")) for c in meta["chars"]], dtype=np.int64)
+    enc = gpt2_encoding()
+    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    lengths[enc.eot_token] = 0
+    return np.array(lengths, dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------
@@ -383,17 +403,19 @@ def _encode_for_worker(text):
     return np.array(encode_gpt2_document(text, _worker_enc), dtype=np.uint16), in_val
 
 
-def parquet_texts(path, file):
-    """The `text` column of a downloaded parquet file, OWT_BATCH documents at a time. A file pyarrow cannot read
-    is deleted, so the next run fetches it again."""
+def parquet_columns(path, file, columns):
+    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
+    stays flat). A file pyarrow cannot read, or one without those columns, is deleted, so the next run fetches
+    it again."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
         parquet = pq.ParquetFile(path)
-        if "text" not in parquet.schema_arrow.names:
-            raise pa.ArrowInvalid("it has no text column")
-        for batch in parquet.iter_batches(batch_size=OWT_BATCH, columns=["text"]):
-            yield batch.column("text").to_pylist()
+        missing = [column for column in columns if column not in parquet.schema_arrow.names]
+        if missing:
+            raise pa.ArrowInvalid(f"it has no {missing[0]} column")
+        for batch in parquet.iter_batches(batch_size=OWT_BATCH, columns=columns):
+            yield batch.to_pydict()
     except pa.ArrowException as e:
         os.remove(path)
         raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the same "
@@ -404,7 +426,7 @@ def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_befor
     """One parquet file -> its train shard and its share of val; returns the counts (documents, tokens)."""
     docs = 0
     with ShardFile(train_shard) as train, ShardFile(val_share) as val:
-        for texts in parquet_texts(path, file):
+        for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
             # one batch at a time through map: imap over every document would queue the whole file ahead
             for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
                 (val if in_val else train).write(tokens)
@@ -512,14 +534,53 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     return data_dir
 
 
+def prepare_hellaswag(out_dir="data"):
+    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: ctx, endings, label."""
+    data_dir, staging = dataset_dirs(out_dir, "hellaswag")
+    path = os.path.join(data_dir, "val.jsonl")
+    if os.path.exists(path):
+        print(f"{path} is already prepared; delete it to prepare it again")
+        return data_dir
+    sizes = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])
+    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, sizes[HELLASWAG_FILE],
+                            os.path.join(staging, "download"))
+    examples = []
+    for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
+        for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
+            label = str(label)  # a string in the hub's parquet, an int in the original jsonl
+            ok = isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4 and \
+                all(isinstance(e, str) for e in endings) and label in ("0", "1", "2", "3")
+            if not ok:
+                shutil.rmtree(staging)
+                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and a "
+                                "label 0..3; deleted the download: run the same command again to fetch it anew")
+            examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
+    os.makedirs(data_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(example) + "\n" for example in examples)
+    os.replace(path + ".tmp", path)  # whole or not at all
+    shutil.rmtree(staging)
+    print(f"hellaswag: {len(examples):,} val examples in {path}")
+    return data_dir
+
+
 # -----------------------------------------------------------------------------
 # the command line and train.py's entry point
 
 TEXT_OPTIONS = {"name", "tokenizer", "shard_size", "val_fraction"}
 CORPORA = {"pydocs": TEXT_OPTIONS, "shakespeare_char": TEXT_OPTIONS, "text": TEXT_OPTIONS | {"input"},
-           "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"}}  # -> options besides out_dir
-OPTIONS = dict(out_dir="data", input="", name="", tokenizer="char", shard_size=100_000_000, val_fraction=None,
-               num_proc=None, train_shards=FINEWEB_TRAIN_FILES)
+           "openwebtext": {"val_fraction", "num_proc"}, "fineweb10B": {"train_shards"},
+           "hellaswag": set()}  # -> options besides out_dir
+OPTIONS = dict(
+    out_dir="data",  # (all) datasets go to out_dir/NAME/
+    input="",  # (text) a UTF-8 text file, or a folder of .txt files
+    name="",  # (pydocs, shakespeare_char, text) the dataset's name; default: the corpus's or the input's
+    tokenizer="char",  # (pydocs, shakespeare_char, text) char (vocabulary from the corpus), byte or gpt2
+    shard_size=100_000_000,  # (pydocs, shakespeare_char, text) tokens per shard
+    val_fraction=None,  # val's share: the text's last 0.1 (text corpora), by hash 0.0005 (openwebtext)
+    num_proc=None,  # (openwebtext) tokenising processes; default: half the CPUs
+    train_shards=FINEWEB_TRAIN_FILES,  # (fineweb10B) how many train shards of 100M tokens to fetch, 1 to 103
+)
 
 
 def fraction(key, value):
@@ -542,9 +603,10 @@ def prepare(corpus, out_dir="data", **options):
     if wrong:
         raise DataError(f"--{wrong[0]} does not apply to {corpus}, which takes "
                         f"{', '.join('--' + key for key in sorted(CORPORA[corpus] | {'out_dir'}))}")
-    if corpus in ("openwebtext", "fineweb10B"):
+    if corpus in ("openwebtext", "fineweb10B", "hellaswag"):
         with preparing(out_dir, corpus):
-            return {"openwebtext": prepare_openwebtext, "fineweb10B": prepare_fineweb}[corpus](out_dir, **options)
+            return {"openwebtext": prepare_openwebtext, "fineweb10B": prepare_fineweb,
+                    "hellaswag": prepare_hellaswag}[corpus](out_dir, **options)
     input = options.pop("input", "")
     if corpus == "text" and not input:
         raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
@@ -584,12 +646,15 @@ def ensure_prepared(name, out_dir="data"):
 
 
 def main(argv):
+    help_from = [("", sys.modules[__name__])]
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return
+        configure(OPTIONS, ["--help"], help_from=help_from)  # prints the docstring and every option; exits
     if argv[0].startswith("-"):
         raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(CORPORA)}")
-    cfg, given = configure(OPTIONS, argv[1:], RULES, files=False)
+    options = OPTIONS
+    if argv[0] in CORPORA and ("-h" in argv or "--help" in argv):  # NAME --help: the options NAME takes
+        options = {k: v for k, v in OPTIONS.items() if k in CORPORA[argv[0]] | {"out_dir"}}
+    cfg, given = configure(options, argv[1:], RULES, files=False, help_from=help_from)
     prepare(argv[0], **{key: getattr(cfg, key) for key in given})
 
 

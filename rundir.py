@@ -2,9 +2,10 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings that ran
-    log.jsonl     one JSON record per line: start (commit, versions), train (loss, lr, speed), eval (losses and
-                  every head's γ and δ), done
+    log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr,
+                  speed), eval (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
     ckpt.pt       model, optimizer, settings, iteration, loader position and the dataset's meta
+    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
@@ -13,6 +14,7 @@ opens a FIFO or device where it reads or writes, and a checkpoint is checked aga
 """
 import json
 import os
+import re
 import stat
 import subprocess
 import zipfile
@@ -23,7 +25,8 @@ import torch
 from configurator import ConfigError
 from model import GPT, GPTConfig
 
-RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # all that train.py writes into a run directory
+RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,
+KEPT_CHECKPOINT = re.compile(r"ckpt_\d{6,}\.pt")  # with the copies save_every keeps
 
 _held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor]) while this process holds it
 
@@ -152,9 +155,13 @@ def atomic_write(path, write):
         raise OSError(f"{reason} while writing {path}; {kept}") from None
 
 
+def is_run_file(name):
+    return name in RUN_FILES or KEPT_CHECKPOINT.fullmatch(name) is not None
+
+
 def is_temporary(name):
-    """Whether name is an atomic_write temporary of one of RUN_FILES (a kill -9 may leave one behind)."""
-    return name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in RUN_FILES)
+    """Whether name is an atomic_write temporary (.NAME.HEX.tmp) of a run file (a kill -9 may leave one)."""
+    return name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
 
 
 def remove_temporaries(out_dir):
@@ -179,7 +186,7 @@ def check_run_dir(out_dir, resuming):
     if resuming or holds_a_run(out_dir):  # a run that a new one must not overwrite: train.py says so
         return
     names = os.listdir(out_dir)
-    foreign = [n for n in sorted(names) if n not in RUN_FILES and not is_temporary(n)]
+    foreign = [n for n in sorted(names) if not is_run_file(n) and not is_temporary(n)]
     if "config.json" in names and "log.jsonl" not in names:
         foreign.append("config.json")
     if "lock" in names:
@@ -409,4 +416,14 @@ class RunLog:
         self.file.write((json.dumps(record) + "\n").encode())
         self.file.flush()
         if self.wandb is not None and record["event"] in ("train", "eval"):
-            self.wandb.log({k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}, step=record["iter"])
+            self.wandb.log(wandb_numbers(record), step=record["iter"])
+
+
+def wandb_numbers(record):
+    """A log record as wandb charts it: its numbers, and every head's γ and δ as gamma/L{layer}H{head}, ..."""
+    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
+    for name in ("gamma", "delta"):
+        for layer, heads in enumerate(record.get(name, [])):
+            for head, value in enumerate(heads):
+                numbers[f"{name}/L{layer}H{head}"] = value
+    return numbers

@@ -18,12 +18,12 @@ from rundir import load_checkpoint, model_from_checkpoint
 DEFAULTS = dict(
     out_dir="out/demo",  # the run directory holding ckpt.pt
     start="\n",  # the prompt, or FILE:path to read it from a file
-    num_samples=3,
-    max_new_tokens=300,
+    num_samples=3,  # how many texts to generate
+    max_new_tokens=300,  # tokens to generate after the prompt
     temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
-    seed=1337,
-    device="cpu",  # or cuda, cuda:1, mps
+    seed=1337,  # seeds the sampling
+    device="cpu",  # where to run: cpu, cuda, cuda:1, mps
 )
 
 
@@ -81,7 +81,8 @@ def sample(cfg):
 
 def main(argv):
     try:
-        return sample(configure(DEFAULTS, argv, RULES, files=False)[0])
+        cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
+        return sample(cfg)
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
 

@@ -541,7 +541,8 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
         log.write(record)
     log.file.close()
     assert calls == [("init", {"project": "p", "name": "n"}), ("log", {"iter": 1, "loss": 2.5}, 1),
-                     ("log", {"iter": 2, "val_loss": 3.0}, 2)]  # numbers only, at their iteration
+                     ("log", {"iter": 2, "val_loss": 3.0, "gamma/L0H0": 0.0, "delta/L0H0": 1.0}, 2)]
+    # numbers only, at their iteration; every head's γ and δ by name
 
 
 @pytest.mark.parametrize("error, words", [

@@ -1,6 +1,8 @@
 """Tests for corridor.py on synthetic run directories with known values. Run: python -m pytest -q test_corridor.py"""
+import csv
 import json
 import math
+import os
 import sys
 
 import pytest
@@ -211,55 +213,7 @@ def test_eval_record_needs_numbers(tmp_path, capsys):
     assert f"{log}:3: eval record's 'val_loss' must be a number, not None" in error_line(capsys, [d])
 
 
-# --- the statistics: textbook values, closed forms (t with 1 and 2 degrees of freedom) and hand-computed cases
-
-@pytest.mark.parametrize("x", [1e-12, 0.01, 0.3, 0.5, 0.9, 0.999])
-def test_incomplete_beta_closed_forms(x):
-    import math
-    assert corridor.betainc(1, 200, x) == pytest.approx(1 - (1 - x) ** 200, rel=1e-12)  # I_x(1, b) = 1 − (1−x)^b
-    assert corridor.betainc(300, 1, x) == pytest.approx(x ** 300, rel=1e-12, abs=1e-300)  # I_x(a, 1) = x^a
-    assert corridor.betainc(0.5, 0.5, x) == pytest.approx(2 / math.pi * math.asin(math.sqrt(x)), rel=1e-12)
-    assert corridor.betainc(2.5, 4.0, x) == pytest.approx(1 - corridor.betainc(4.0, 2.5, 1 - x), abs=1e-14)
-    assert corridor.betainc(3, 2, 0.0) == 0.0 and corridor.betainc(3, 2, 1.0) == 1.0
-
-
-def test_t_distribution_textbook_values():
-    assert corridor.t_quantile(0.975, 7) == pytest.approx(2.364624, abs=1e-6)
-    assert corridor.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)
-    assert corridor.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-6)
-    assert corridor.t_quantile(0.975, 10 ** 6) == pytest.approx(1.959964, abs=1e-5)  # → the normal's 1.96
-    assert corridor.t_quantile(0.025, 7) == pytest.approx(-2.364624, abs=1e-6)  # symmetric about 0
-    assert corridor.t_quantile(0.5, 7) == 0.0
-    assert corridor.t_sf2(2.0, 5) == pytest.approx(0.101939, abs=1e-6)
-    assert corridor.t_sf2(-2.0, 5) == corridor.t_sf2(2.0, 5) and corridor.t_sf2(0.0, 5) == pytest.approx(1.0)
-    assert corridor.t_cdf(-1.3, 4) == pytest.approx(1 - corridor.t_cdf(1.3, 4), abs=1e-15)
-
-
-@pytest.mark.parametrize("t", [-40.0, -3.0, -0.7, 0.0, 0.01, 1.0, 2.5, 1e4])
-def test_t_distribution_closed_forms(t):
-    import math
-    assert corridor.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)  # Cauchy
-    assert corridor.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
-    q = corridor.t_cdf(t, 2)
-    if 1e-9 < q < 1 - 1e-9:  # df = 2 inverts in closed form: t = (2q − 1) / √(2q(1 − q))
-        assert corridor.t_quantile(q, 2) == pytest.approx((2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-9)
-
-
-def test_t_distribution_against_scipy():
-    stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 7, 60):
-        for q in (0.001, 0.3, 0.975, 0.9999):
-            assert corridor.t_quantile(q, df) == pytest.approx(stats.t.ppf(q, df), rel=1e-9)
-        for t in (0.05, 0.8, 2.0, 6.0, 300.0):
-            assert corridor.t_sf2(t, df) == pytest.approx(2 * stats.t.sf(t, df), rel=1e-9, abs=1e-15)
-
-
-def test_sign_test():
-    assert corridor.sign_test_p(8, 8) == corridor.sign_test_p(0, 8) == 2 / 2 ** 8
-    assert corridor.sign_test_p(7, 8) == 2 * (1 + 8) / 2 ** 8
-    assert corridor.sign_test_p(3, 3) == 0.25 and corridor.sign_test_p(2, 3) == 1.0
-    assert corridor.sign_test_p(4, 8) == 1.0 and corridor.sign_test_p(1, 1) == 1.0
-    assert corridor.sign_test_p(0, 0) is None
+# --- the statistics: hand-computed cases, the undefined ones, and the numbers docs/results.md quotes
 
 
 def test_paired_stats_by_hand():
@@ -274,6 +228,8 @@ def test_paired_stats_by_hand():
     assert (s["k_lower"], s["p_sign"]) == (2, 0.5)
     s = corridor.paired_stats([-1.0, -2.0, 3.0])  # mean 0: t = 0, p = 1
     assert s["paired_mean"] == 0.0 and s["t"] == 0.0 and s["p_t"] == pytest.approx(1.0)
+    s = corridor.paired_stats([-1.0] * 7 + [1.0])  # exact sign test: P(7 or more of 8, either way) = 2·9/2⁸
+    assert (s["k_lower"], s["p_sign"]) == (7, 2 * 9 / 2 ** 8)
 
 
 def test_paired_stats_undefined_cases():
@@ -287,6 +243,27 @@ def test_paired_stats_undefined_cases():
     assert (s["n_pairs"], s["k_lower"]) == (0, 0) and s["paired_mean"] is s["p_sign"] is s["ci"] is None
     s = corridor.paired_stats([-0.1, float("nan")])  # a diverged run: nothing to conclude
     assert s["paired_mean"] is s["p_t"] is s["p_sign"] is None
+    s = corridor.paired_stats([0.0, 0.0])  # only ties: the sign test has nothing to count
+    assert s["paired_mean"] == 0.0 and s["p_sign"] is None
+
+
+def test_the_numbers_docs_quote():
+    """docs/results.md's paired statistics recomputed from docs/corridor_runs.csv, to the digits it prints."""
+    with open(os.path.join(os.path.dirname(__file__), "docs", "corridor_runs.csv")) as f:
+        rows = list(csv.DictReader(f))
+    val = {(r["setting"], int(r["seed"]), int(r["iters"])): float(r["val_loss"]) for r in rows}
+
+    def stats(setting, baseline, n, iters=1200):
+        return corridor.paired_stats([val[setting, k, iters] - val[baseline, k, iters] for k in range(n)])
+
+    s = stats("mix", "attention", 8)
+    assert round(s["paired_mean"], 4) == -0.0071 and round(s["paired_std"], 4) == 0.0057
+    assert [round(x, 4) for x in s["ci"]] == [-0.0119, -0.0023]
+    assert round(s["p_t"], 7) == 0.0102206 and (s["k_lower"], s["p_sign"]) == (8, 0.0078125)
+    s = stats("mix_gamma_nonneg", "mix", 8)
+    assert [round(x, 4) for x in s["ci"]] == [0.0063, 0.016] and round(s["p_t"], 4) == 0.0009
+    s = stats("mix", "attention", 3, iters=3600)
+    assert [round(x, 4) for x in s["ci"]] == [-0.0223, 0.0061] and round(s["p_t"], 2) == 0.13
 
 
 # --- paired comparison with attention: which runs pair, and what the seed-group table prints

@@ -859,8 +859,11 @@ def test_text_dataset_is_named_after_its_file(tmp_path):
 @pytest.mark.parametrize("argv", [[], ["-h"], ["--help"]])
 def test_help_prints_the_usage_and_prepares_nothing(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.chdir(tmp_path)
-    pd.main(argv)
-    assert capsys.readouterr().out.startswith("\nData for nanoCorridor: turn a text corpus into token shards")
+    monkeypatch.setitem(sys.modules, "__main__", pd)  # as `python prepare_data.py` runs it
+    with pytest.raises(SystemExit) as e:
+        pd.main(argv)
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("Data for nanoCorridor: turn a text corpus into token shards")
     assert os.listdir(tmp_path) == []
 
 

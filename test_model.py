@@ -565,26 +565,12 @@ def test_optimizer_groups_exactly(op):
 
 def test_estimate_mfu_against_the_palm_formula(monkeypatch):
     """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds / peak FLOP/s."""
-    import model as model_module
-    monkeypatch.setattr(model_module, "peak_flops", lambda device: 1e12)
+    import hardware
+    monkeypatch.setattr(hardware, "peak_flops", lambda device: 1e12)
     model = GPT(tiny("mix"))
     N = model.get_num_params()
     L, H, Q, T = 2, 4, 8, 16  # TINY: n_layer, n_head, n_embd / n_head, block_size
     assert model.estimate_mfu(3, 0.5) == pytest.approx((6 * N + 12 * L * H * Q * T) * T * 3 / 0.5 / 1e12, rel=1e-12)
-
-
-@pytest.mark.parametrize("name, flops", [
-    ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
-    ("NVIDIA L4", 121e12),
-    ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 65e12), ("NVIDIA B200", None),
-])
-def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
-    """The first matching name wins, longer names first (an A10G is no A10, an A100 neither, an L40 no L4)."""
-    from model import peak_flops
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert peak_flops(torch.device("cuda")) == flops
-    assert peak_flops(torch.device("cpu")) is None
 
 
 def test_bench_against_nanogpt_prints_each_step_time_over_nanogpts(tmp_path, capsys):
@@ -604,31 +590,6 @@ def test_bench_against_nanogpt_prints_each_step_time_over_nanogpts(tmp_path, cap
 
 def on_glibc():
     return platform.libc_ver()[0] == "glibc"
-
-
-@pytest.mark.skipif(not on_glibc(), reason="the C library is not glibc")
-def test_keep_freed_memory_stops_the_page_faults_between_training_steps():
-    """Twenty training steps of a small GPT in a fresh process, after ten to warm up: by default glibc hands the
-    activations' memory back to the OS after each step and page-faults it in again at the next; after
-    keep_freed_memory() the steps reuse it."""
-    code = """if 1:
-        import resource, torch
-        from model import GPT, GPTConfig, keep_freed_memory
-        assert keep_freed_memory() if {keep} else True
-        model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=65))
-        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
-        x = torch.randint(0, 65, (12, 64))
-        for step in range(30):
-            if step == 10:
-                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            model(x, x)[1].backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)"""
-    faults = {keep: int(subprocess.run([sys.executable, "-c", code.format(keep=keep)], capture_output=True, text=True,
-                                       check=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout)
-              for keep in (False, True)}
-    assert faults[False] > 2000 and faults[True] * 5 < faults[False], faults  # ~900 per step, and a few stray ones
 
 
 @pytest.mark.parametrize("op, saved", [

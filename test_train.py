@@ -31,7 +31,7 @@ from train import build_model, corridor_summary, get_lr, parse_config, pick_devi
 HERE = os.path.dirname(os.path.abspath(__file__))
 # a model small enough that a few iterations take about a second on one CPU core
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--device=cpu"]
+        "--val_tokens=4096", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--device=cpu"]
 
 
 @pytest.fixture
@@ -207,7 +207,8 @@ def test_a_run_records_and_prints_what_ran(workdir, capsys):
     assert "device cpu, dtype float32, 1 process(es), 256 tokens per iteration, 0.03M parameters, op=mix" in out
     assert f"unigram baseline: val loss {unigram_loss('data/pydocs', 103):.4f} (context-free" in out
     assert out.count("saved checkpoint to out/rec/ckpt.pt") == 2 and "compiling" not in out  # no torch.compile on CPU
-    assert f"step 5: train loss {evals[-1]['train_loss']:.4f}, val loss {evals[-1]['val_loss']:.4f} | corridor " in out
+    assert f"step 5: train loss {evals[-1]['train_loss']:.4f}, val loss {evals[-1]['val_loss']:.4f} " \
+        f"({evals[-1]['val_bpb']:.4f} bits/byte) | corridor " in out
     assert out.rstrip().endswith(corridor_summary(*torch.tensor([evals[-1]["gamma"], evals[-1]["delta"]])))
 
 
@@ -434,9 +435,9 @@ def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
 
 
 def test_best_val_loss_stays_the_best_when_every_evaluation_saves(workdir):
-    run("--learning_rate=0.03", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True", "--out_dir=out/a")
+    run("--learning_rate=0.1", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True", "--out_dir=out/a")
     val = [r["val_loss"] for r in read_log("out/a", "eval")]
-    assert min(val) < val[-1]  # at this learning rate the last evaluation is not the best one
+    assert min(val) < val[-1]  # at this learning rate the loss jumps after iter 2: the last is not the best
     assert torch.load("out/a/ckpt.pt", weights_only=True)["best_val_loss"] == min(val)
 
 
@@ -506,13 +507,13 @@ def test_main_on_ctrl_c_says_how_to_continue(monkeypatch):
 def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
     """The command line's path: a NaN is an `error: ...` line, not a traceback; a NaN validation loss at the
     first evaluation that would save is never saved."""
-    forward, evaluations = GPT.forward, []
+    forward, trained = GPT.forward, []
 
     def nan_after_the_first_evaluation(self, idx, targets=None):
-        if not self.training:
-            evaluations.append(1)
-            if len(evaluations) > 4:  # iter 0's evaluation: 2 splits × eval_iters=2 batches
-                return None, torch.tensor(float("nan"))
+        if self.training:
+            trained.append(1)
+        elif trained:  # an evaluation after some training: iter 2's
+            return None, torch.tensor(float("nan"))
         return forward(self, idx, targets)
     monkeypatch.setattr(GPT, "forward", nan_after_the_first_evaluation)
     with pytest.raises(SystemExit) as e:
@@ -536,7 +537,7 @@ def test_ddp_two_processes_match_one(workdir):
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5), k
     for a, b in zip(read_log("out/single", "eval"), read_log("out/ddp", "eval")):
-        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # averaged over the ranks, not summed
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # the ranks share the val set
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1  # only rank 0 prints, saves
     assert [r["tokens"] for r in read_log("out/ddp", "train")] == [r["tokens"] for r in read_log("out/single", "train")]
@@ -570,12 +571,14 @@ def test_op_lr_scale_reaches_the_optimizer(workdir):
     assert [r["lr"] > 0 for r in read_log("out/z", "train")] == [True] * 3  # the rest trains
 
 
-def test_add_your_own_operator(workdir, request):
+def test_add_your_own_operator(workdir, request, capsys):
     """The README's example, written the same way: one class, registered, trained through train.py's settings."""
     @register_op("corridor_gate")
     class CorridorGate(HeadOperator):
         """δ(γI + P) with γ = -sigmoid(w): a head that can never leave the convex corridor."""
-        controls = dict(w_init=0.0)
+        controls = dict(
+            w_init=0.0,  # every head's w at the start
+        )
 
         def __init__(self, n_head, w_init):
             super().__init__(n_head)
@@ -585,6 +588,9 @@ def test_add_your_own_operator(workdir, request):
         def coefficients(self):
             return -torch.sigmoid(self.w) * self.delta, self.delta
     request.addfinalizer(lambda: OPS.pop("corridor_gate"))
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    assert "  (op=corridor_gate) every head's w at the start\n" in capsys.readouterr().out
 
     model = run("--op=corridor_gate", "--w_init=2.0", "--max_iters=4", "--eval_interval=4", "--out_dir=out/gate")
     gamma = torch.tensor(read_log("out/gate", "eval")[0]["gamma"])

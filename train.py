@@ -9,7 +9,11 @@ DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: 
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
 A run directory (out_dir) gets config.json (the settings that ran), log.jsonl (one JSON record per log line:
-losses, lr, speed and every head's (γ, δ)) and ckpt.pt (written atomically; --init_from=resume continues it).
+losses, bits per byte, gradient norm, lr, speed and every head's (γ, δ)) and ckpt.pt (written atomically;
+--init_from=resume continues it); with save_every, also ckpt_NNNNNN.pt copies for later analysis.
+
+The val loss is the mean loss over a fixed set of tokens, the first val_tokens of the val split read in order
+(dataloader.ValSet): the same number on every machine, for every seed, batch size and number of processes.
 """
 
 import importlib.util
@@ -23,11 +27,13 @@ from dataclasses import asdict, fields
 
 import torch
 
+import hellaswag
 from configurator import SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
-from dataloader import ShardLoader, load_meta, unigram_loss
-from model import GPT, PRETRAINED, GPTConfig, keep_freed_memory
+from dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
+from hardware import keep_freed_memory
+from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
-from prepare_data import ensure_prepared
+from prepare_data import ensure_prepared, get_tokenizer, token_bytes
 from rundir import (RunLog, check_run_dir, git_commit, holds_a_run, load_checkpoint, load_optimizer_state,
                     lock_run_dir, model_from_checkpoint, remove_temporaries, save_checkpoint, save_config,
                     unlock_run_dir, why)
@@ -35,39 +41,42 @@ from rundir import (RunLog, check_run_dir, git_commit, holds_a_run, load_checkpo
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
 # I/O
-out_dir = "out/run"
-eval_interval = 250
-log_interval = 10
-eval_iters = 20
+out_dir = "out/run"  # the run directory: config.json, log.jsonl, ckpt.pt
+eval_interval = 250  # evaluate (and checkpoint) every this many iterations
+log_interval = 10  # print and log the training loss every this many iterations
+eval_iters = 20  # batches of the train split's loss estimate (the val loss reads val_tokens, below)
+val_tokens = 10_485_760  # the val loss: the first val_tokens tokens of the val split (modded-nanogpt's count)
+hellaswag_interval = 0  # score HellaSwag every this many iters (a multiple of eval_interval; 0 = never)
 eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print the losses, write nothing
-always_save_checkpoint = True  # else only when val loss improves
-init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
-wandb_log = False
-wandb_project = "nanocorridor"
-wandb_run_name = "run"
+always_save_checkpoint = True  # checkpoint at every evaluation; False: only when val loss improves
+save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (a multiple of eval_interval; 0 = never)
+init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
+wandb_log = False  # also log to Weights & Biases (needs the wandb package)
+wandb_project = "nanocorridor"  # its project
+wandb_run_name = "run"  # its run name
 # data
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
-gradient_accumulation_steps = 1  # global: divided among DDP processes
-batch_size = 12  # per process and micro-step
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
+batch_size = 12  # sequences per process and micro-step
 # the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls (gamma_init,
 # learn_gamma, ... in operators.py) is a setting too, with the default it has there
 # AdamW, warmup + cosine decay
-learning_rate = 6e-4
-max_iters = 5000
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0  # 0 disables clipping
-decay_lr = True
-warmup_iters = 100
-lr_decay_iters = None  # None: max_iters
-min_lr = 6e-5
+learning_rate = 6e-4  # peak learning rate, reached after warmup
+max_iters = 5000  # optimizer steps in all
+weight_decay = 0.1  # AdamW's, on matrices only
+beta1 = 0.9  # AdamW's β1
+beta2 = 0.95  # AdamW's β2
+grad_clip = 1.0  # clip the gradient norm to this; 0 disables clipping
+decay_lr = True  # False: learning_rate throughout, no warmup or decay
+warmup_iters = 100  # linear warmup over this many steps
+lr_decay_iters = None  # cosine decay to min_lr over this many steps; None: max_iters
+min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
-compile = None  # None: on for CUDA, off elsewhere
-seed = 1337
+compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
+seed = 1337  # seeds the initial weights, the data order and dropout
 TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
@@ -88,6 +97,7 @@ def init_from_rule(key, value):
 
 
 RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1), max_iters=at_least(1),
+             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0),
              gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
              learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
              beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
@@ -131,7 +141,8 @@ def defaults():
 
 def parse_config(argv):
     """(cfg, given): the settings, and the keys that a config file or the command line set."""
-    return configure(defaults(), argv, RULES)
+    help_from = [("", sys.modules[__name__]), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
+    return configure(defaults(), argv, RULES, help_from=help_from)
 
 
 def get_lr(it, cfg):
@@ -228,6 +239,10 @@ def train(cfg, given=frozenset()):
     if cfg.gradient_accumulation_steps % world_size:
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
                           f"the number of processes ({world_size})")
+    for k in ("hellaswag_interval", "save_every"):
+        if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
+            raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
+                              f"eval_interval={cfg.eval_interval}: it happens at evaluations")
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
@@ -260,7 +275,20 @@ def train(cfg, given=frozenset()):
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
     loader = lambda split: ShardLoader(data_dir, split, cfg.batch_size, cfg.block_size, rank, world_size,
                                        model.config.vocab_size, cfg.seed)
-    train_loader, eval_loaders = loader("train"), {split: loader(split) for split in ("train", "val")}
+    train_loader, eval_train_loader = loader("train"), loader("train")
+    val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, rank, world_size, model.config.vocab_size)
+    try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts, counted once
+        val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
+    except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
+        val_bytes = None
+        say(f"note: no bits per byte in this run: {e}")
+    rendered = None  # HellaSwag's examples as token rows, tokenised once
+    if cfg.hellaswag_interval:
+        if meta["tokenizer"] == "char":
+            raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary "
+                              "lacks most of its characters; use hellaswag_interval=0")
+        encode = get_tokenizer(meta)[0]
+        rendered = [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
     iter_num, best_val_loss, tokens, resuming = 0, float("inf"), 0, ckpt is not None
     if resuming:
         load_optimizer_state(optimizer, ckpt)
@@ -296,37 +324,60 @@ def train(cfg, given=frozenset()):
 
     @torch.no_grad()
     def estimate_loss():
-        """Mean loss over the same eval_iters batches of each split every time (averaged over ranks)."""
+        """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an
+        estimate from the same eval_iters sampled batches every time (the split is too large to read whole),
+        averaged over the ranks."""
         raw_model.eval()
-        losses = {}
-        for split, loader in eval_loaders.items():
-            loader.reset()  # the same batches at every evaluation
-            total = torch.zeros((), device=dev)
-            for _ in range(cfg.eval_iters):
-                with ctx:
-                    total += raw_model(*next_batch(loader))[1].float()
-            if ddp:
-                torch.distributed.all_reduce(total)
-            losses[split] = total.item() / (cfg.eval_iters * world_size)
+        val_sum = 0.0
+        for x, y in val_set.batches(cfg.batch_size):
+            with ctx:
+                val_sum += raw_model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss: the batch's mean
+        train_sum = torch.zeros((), device=dev)
+        eval_train_loader.reset()  # the same batches at every evaluation
+        for _ in range(cfg.eval_iters):
+            with ctx:
+                train_sum += raw_model(*next_batch(eval_train_loader))[1].float()
         raw_model.train()
-        return losses
+        sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if ddp else "cpu")
+        if ddp:
+            torch.distributed.all_reduce(sums)
+        val_total, train_total = sums.tolist()
+        return {"val": val_total / val_set.count, "train": train_total / (cfg.eval_iters * world_size)}
 
     def evaluate_and_save():
-        """Losses and every head's (γ, δ), printed and logged; then the checkpoint, when it is due."""
+        """Losses, bits per byte, HellaSwag when due and every head's (γ, δ), printed and logged; then the
+        checkpoints that are due."""
         nonlocal best_val_loss
         losses = estimate_loss()
+        record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": losses["train"],
+                  "val_loss": losses["val"], "val_tokens": val_set.count}
+        line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        if val_bytes:  # nats per token -> bits per byte
+            record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
+            line += f" ({record['val_bpb']:.4f} bits/byte)"
+        if rendered is not None and (cfg.eval_only or iter_num % cfg.hellaswag_interval == 0
+                                     or iter_num == cfg.max_iters):  # rendered: hellaswag_interval is not 0
+            record["hellaswag"] = hellaswag.score(raw_model, rendered, cfg.batch_size, dev, rank, world_size,
+                                                  ctx)
+            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(rendered):,} examples)"
         gamma, delta = raw_model.gamma_delta()
-        say(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} | {corridor_summary(gamma, delta)}")
-        log({"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": losses["train"],
-             "val_loss": losses["val"], "gamma": gamma.tolist(), "delta": delta.tolist()})
+        say(f"{line} | {corridor_summary(gamma, delta)}")
+        log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
         stop_if_not_finite("the validation loss", losses["val"])
-        if writes and iter_num > 0 and (losses["val"] < best_val_loss or cfg.always_save_checkpoint):
-            best_val_loss = min(best_val_loss, losses["val"])
-            save_checkpoint(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "model_args": asdict(raw_model.config), "iter_num": iter_num,
-                                        "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
-                                        "loader": train_loader.state_dict(), "meta": meta})
+        if not writes or iter_num == 0:
+            return
+        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "model_args": asdict(raw_model.config), "iter_num": iter_num,
+                 "best_val_loss": min(best_val_loss, losses["val"]), "tokens": tokens, "config": vars(cfg),
+                 "loader": train_loader.state_dict(), "meta": meta}
+        if losses["val"] < best_val_loss or cfg.always_save_checkpoint:
+            best_val_loss = state["best_val_loss"]
+            save_checkpoint(ckpt_path, state)
             say(f"saved checkpoint to {ckpt_path}")
+        if cfg.save_every and iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
+            path = os.path.join(cfg.out_dir, f"ckpt_{iter_num:06d}.pt")
+            save_checkpoint(path, state)
+            say(f"saved checkpoint to {path}")
 
     def stop_if_not_finite(what, value):
         if not math.isfinite(value):
@@ -372,9 +423,9 @@ def train(cfg, given=frozenset()):
                 loss = model(*next_batch(train_loader))[1] / grad_accum  # the mean over all micro-steps' tokens
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        if cfg.grad_clip != 0.0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
+        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure, never clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         scaler.step(optimizer)
         scaler.update()
         raw_model.project()  # e.g. γ ≥ gamma_min
@@ -385,10 +436,12 @@ def train(cfg, given=frozenset()):
             stop_if_not_finite("the training loss", lossf)
             dt_iter, t0, iter0 = (time.time() - t0) / (iter_num - iter0), time.time(), iter_num
             mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
-            say(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, {dt_iter * 1000:.1f} ms/iter, "
-                f"{tokens_per_iter / dt_iter:,.0f} tok/s" + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "lr": lr,
-                 "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+            grad_normf = grad_norm.item()  # this iteration's, before clipping
+            say(f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
+                f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s"
+                + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
+            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf,
+                 "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
     # --- the end ---------------------------------------------------------------------------------------------------
     gamma, delta = raw_model.gamma_delta()

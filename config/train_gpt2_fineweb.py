@@ -15,4 +15,4 @@ max_iters = 20000  # * 0.5M tokens = ~9.8B tokens
 lr_decay_iters = 20000
 warmup_iters = 700
 eval_interval = 500
-eval_iters = 200
+eval_iters = 200  # the train-split estimate; the val loss: the first 10,485,760 val tokens, as modded-nanogpt

@@ -1,0 +1,90 @@
+"""
+HellaSwag, completion style: a check that a lower loss means a better model of text, not only of the corpus.
+
+Each example is a context and 4 endings, one of them right. The model reads context + " " + ending for each
+ending; its score for an ending is the mean loss of the ending's tokens (the length-normalised loss), and it
+picks the ending with the lowest. acc_norm is the fraction of examples where that pick is right (chance:
+0.25). This is build-nanogpt's completion-style HellaSwag, by which GPT-2 124M scores 0.2955 on the 10,042 val
+examples.
+
+    python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
+    python train.py --init_from=gpt2 --dataset=openwebtext --eval_only=True --hellaswag_interval=1
+
+train.py scores it at evaluations when hellaswag_interval asks. The examples are split across the ranks; each
+rank scores its share in batches, and the counts are summed over the ranks.
+"""
+import json
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from dataloader import DataError
+
+
+def load_examples(out_dir="data"):
+    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}."""
+    path = os.path.join(out_dir, "hellaswag", "val.jsonl")
+    if not os.path.exists(path):
+        where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+        raise DataError(f"no HellaSwag at {path}; fetch it with `python prepare_data.py hellaswag{where}`, "
+                        "or set hellaswag_interval=0")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def render(example, encode, block_size):
+    """An example as (rows, ending_lengths, label): 4 token rows, context + ending, each at most block_size
+    (the oldest context tokens are cut), and how many of each row's last tokens are the ending's."""
+    context = encode(example["ctx"])
+    rows, ending_lengths = [], []
+    for ending in example["endings"]:
+        ending = encode(" " + ending)  # the space belongs to the ending, as GPT-2's tokens start with it
+        rows.append((context + ending)[-block_size:])
+        ending_lengths.append(len(ending))
+    return rows, ending_lengths, example["label"]
+
+
+def batch_tensors(rendered):
+    """Rendered examples -> (tokens, mask), both (4·n, L): rows padded with 0 to the longest; mask 1 at the
+    positions whose token is an ending's."""
+    rows = [row for rows, _, _ in rendered for row in rows]
+    lengths = [n for _, ending_lengths, _ in rendered for n in ending_lengths]
+    L = max(map(len, rows))
+    tokens, mask = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L)
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        tokens[i, :len(row)] = torch.tensor(row)
+        mask[i, max(0, len(row) - n):len(row)] = 1  # an ending longer than the row: what is left of it
+    return tokens, mask
+
+
+@torch.no_grad()
+def ending_losses(model, tokens, mask):
+    """Each row's mean loss over its ending tokens, (rows,). Position t's logits predict token t+1, so the
+    first token of a row, which nothing predicts, never counts."""
+    logits = model(tokens, tokens)[0].float()  # targets: to get every position's logits; (rows, L, vocab)
+    losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+    mask = mask[:, 1:]
+    return (losses.view(mask.shape) * mask).sum(1) / mask.sum(1)  # (rows,)
+
+
+@torch.no_grad()
+def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcontext()):
+    """acc_norm of `model` on the rendered examples: this rank takes examples rank, rank + world_size, ... in
+    batches of batch_size examples (4·batch_size rows); with torch.distributed running, the counts are summed
+    over the ranks. The model is scored in eval mode (no dropout) and left in the mode it was in."""
+    mine, correct, training = rendered[rank::world_size], 0, model.training
+    model.eval()
+    for i in range(0, len(mine), batch_size):
+        batch = mine[i:i + batch_size]
+        tokens, mask = batch_tensors(batch)
+        with ctx:
+            losses = ending_losses(model, tokens.to(device), mask.to(device)).view(-1, 4)  # (examples, 4)
+        picks = losses.argmin(1).cpu()
+        correct += int((picks == torch.tensor([label for _, _, label in batch])).sum())
+    model.train(training)
+    counts = torch.tensor([correct, len(mine)], device=device)  # int64: exact, and every backend sums it
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(counts)
+    return counts[0].item() / counts[1].item()
