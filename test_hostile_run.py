@@ -162,6 +162,12 @@ def test_an_empty_folder_and_a_run_killed_while_starting_are_ours(workdir):
     assert not os.path.exists("out/killed/.ckpt.pt.0123abcd.tmp")  # removed under the lock
 
 
+def test_what_counts_as_a_runs_temporary():
+    """A kill -9 mid-write leaves .NAME.HEX.tmp; the next run removes those of run files, and nothing else."""
+    assert rundir.is_temporary(".ckpt.pt.0123abcd.tmp") and rundir.is_temporary(".ckpt_000100.pt.0123abcd.tmp")
+    assert not rundir.is_temporary("ckpt.pt.tmp") and not rundir.is_temporary(".notes.txt.0123abcd.tmp")
+
+
 def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
     edit_checkpoint(finished_run, lambda ckpt: ckpt["config"].update(init_from="/gone/tiny-gpt2"))
     train.main(TINY + [f"--out_dir={finished_run}", *RESUME])
