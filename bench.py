@@ -6,15 +6,25 @@ Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quote
     python bench.py --what=nanogpt --nanogpt=PATH/TO/nanoGPT/model.py   # CPU: our training step vs nanoGPT's
     python bench.py --what=gpt2_step                  # GPU: a compiled GPT-2-small step, impl=triton vs sdpa
 
+What the tables mean:
+- ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
+  tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline = the
+  process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made at
+  the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best: the
+  highest tokens/s, the lowest peak. Each "× attention" divides by the attention row with the same impl and
+  block_size.
+- nanogpt: ms per training step, each contestant's best (lowest) of the interleaved repeats; "× nanoGPT"
+  divides by nanoGPT's best.
+- gpt2_step: the median ms per step (triton.testing.do_bench); "× sdpa" divides by impl=sdpa's.
+
 Targets: mix ≥ 0.95× attention's tokens/s with peak memory within 5%, and memory growing linearly with
 block_size on the SDPA path; at nanoGPT's own CPU example config, our attention step ≤ 1.00× nanoGPT's time
 and mix ≤ 1.03×. Shared machines are noisy, so every comparison interleaves its contestants and keeps the best
-of several repeats.
+of several repeats: noise only ever slows a step down or adds memory.
 """
 import importlib.util
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -25,6 +35,7 @@ from configurator import ConfigError, at_least, configure, one_of
 from hardware import keep_freed_memory
 from model import GPT, GPTConfig
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
     what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU)
     ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
@@ -41,9 +52,16 @@ DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0)
 
 
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def memory_mib():
+    """(resident, peak resident) MiB of this process so far, or None where they cannot be read: both as Linux
+    reports them (/proc, and getrusage in KiB), and Windows has no `resource` module."""
+    try:
+        import resource  # POSIX only
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (ImportError, OSError):
+        return None
+    return resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def training_step(model, opt, x, grad_clip=1.0):
@@ -62,73 +80,120 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     model = GPT(GPTConfig(**DEMO, block_size=block_size, op=op, impl=impl))
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     x = torch.randint(0, DEMO["vocab_size"], (batch_size, block_size))
-    base = rss_mib()
+    baseline = memory_mib()
     for _ in range(warmup):
         training_step(model, opt, x)
     t0 = time.perf_counter()
     for _ in range(iters):
         training_step(model, opt, x)
     dt = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return {"tokens_per_s": iters * batch_size * block_size / dt, "peak_mib": peak - base}
+    peak_mib = None
+    if baseline is not None:
+        resident, _ = baseline
+        _, peak = memory_mib()
+        peak_mib = peak - resident
+    return {"tokens_per_s": iters * batch_size * block_size / dt, "peak_mib": peak_mib}
+
+
+def measure_in_subprocess(op, impl, block_size, batch_size, iters):
+    """measure() in a fresh process, so that its peak memory is its own. The process starts in this file's
+    directory, so that it imports this bench.py and model.py whatever the caller's directory holds."""
+    args = f"{op!r}, {impl!r}, {block_size}, {batch_size}, {iters}"
+    code = f"import json, bench; print(json.dumps(bench.measure({args})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
+    if out.returncode:
+        last_line = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise ConfigError(f"{op}/{impl}/T={block_size} failed: {last_line}")
+    return json.loads(out.stdout)
+
+
+def best_of(repeats):
+    """One configuration's repeats -> each column's best: the highest tokens/s, the lowest peak memory."""
+    peaks = [r["peak_mib"] for r in repeats]
+    best_peak = None
+    if None not in peaks:
+        best_peak = min(peaks)
+    return {"tokens_per_s": max(r["tokens_per_s"] for r in repeats), "peak_mib": best_peak}
+
+
+def ops_table(best):
+    """The markdown table of {(op, impl, block_size): best_of(...)}."""
+    lines = ["| op | impl | block_size | tokens/s | × attention | peak MiB above baseline | × attention |",
+             "|---|---|---|---|---|---|---|"]
+    for (op, impl, T), r in best.items():
+        ref = best.get(("attention", impl, T))  # the attention row with the same impl and block_size
+        peak = "-"
+        if r["peak_mib"] is not None:
+            peak = f"{r['peak_mib']:.1f}"
+        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio(r, ref, 'tokens_per_s')} "
+                     f"| {peak} | {ratio(r, ref, 'peak_mib')} |")
+    return lines
+
+
+def ratio(r, ref, key):
+    """r[key] / ref[key] to three places; '-' where the reference row or the value is missing."""
+    if ref is None or r[key] is None:
+        return "-"
+    return f"{r[key] / ref[key]:.3f}"
 
 
 def bench_ops(cfg):
-    """Each measurement in a fresh subprocess, so that its peak memory is its own; best of `repeats`."""
+    """Every configuration measured `repeats` times, in turns; the table keeps each column's best."""
     try:
         configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",") for impl in cfg.impls.split(",")
                    for op in cfg.ops.split(",")]
     except ValueError:
         raise ConfigError(f"block_sizes={cfg.block_sizes!r} is not allowed: give integers like 128,256") from None
-    best = {}
+    repeats = {c: [] for c in configs}
     for _ in range(cfg.repeats):
         for op, impl, T in configs:
-            code = f"import json, bench; print(json.dumps(bench.measure({op!r}, {impl!r}, {T}, {cfg.batch_size}, {cfg.iters})))"
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                 cwd=os.path.dirname(os.path.abspath(__file__)))
-            if out.returncode:
-                raise ConfigError(f"{op}/{impl}/T={T} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-            r, old = json.loads(out.stdout), best.get((op, impl, T))
-            best[op, impl, T] = r if old is None else {"tokens_per_s": max(r["tokens_per_s"], old["tokens_per_s"]),
-                                                        "peak_mib": min(r["peak_mib"], old["peak_mib"])}
+            repeats[op, impl, T].append(measure_in_subprocess(op, impl, T, cfg.batch_size, cfg.iters))
+    best = {c: best_of(rs) for c, rs in repeats.items()}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, batch {cfg.batch_size}, "
           f"{cfg.iters} steps, best of {cfg.repeats}")
-    print("| op | impl | block_size | tokens/s | × attention | peak MiB | × attention |\n|---|---|---|---|---|---|---|")
-    for (op, impl, T), r in best.items():
-        ref = best.get(("attention", impl, T))
-        ratio = lambda k: f"{r[k] / ref[k]:.3f}" if ref else "-"
-        print(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio('tokens_per_s')} | {r['peak_mib']:.1f} "
-              f"| {ratio('peak_mib')} |")
+    print("\n".join(ops_table(best)))
     return best
+
+
+def nanogpt_contestant(path, x):
+    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried on one
+    training step."""
+    where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
+    if not os.path.isfile(path) or not path.endswith(".py"):
+        raise ConfigError(f"nanogpt={path!r} is not a Python file: {where}")
+    if os.path.samefile(path, os.path.join(HERE, "model.py")):
+        raise ConfigError(f"nanogpt={path!r} is this project's own model.py: {where}")
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path)
+    nano = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(nano)
+    except Exception as e:
+        raise ConfigError(f"nanogpt={path!r} failed to load ({type(e).__name__}): {where}") from None
+    if not hasattr(nano, "GPT") or not hasattr(nano, "GPTConfig"):
+        raise ConfigError(f"nanogpt={path!r} defines no GPT and GPTConfig: {where}")
+    try:  # someone else's code: whatever it raises, it is not the nanoGPT we compare against
+        torch.manual_seed(0)
+        model = nano.GPT(nano.GPTConfig(**NANOGPT_CPU))
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+        training_step(model, opt, x)
+    except Exception as e:
+        what = f"failed to train as nanoGPT's GPT does ({type(e).__name__})"
+        raise ConfigError(f"nanogpt={path!r} {what}: {where}") from None
+    return model, opt
 
 
 def bench_nanogpt(cfg):
     """Our training step against nanoGPT's model.py at nanoGPT's CPU example config, interleaved: every repeat
     times `iters` steps of each contestant in turn; the table keeps each one's best repeat. Both run in this
     process, with the memory allocator set as train.py sets it on a CPU."""
-    where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
-    if not os.path.isfile(cfg.nanogpt) or not cfg.nanogpt.endswith(".py"):
-        raise ConfigError(f"nanogpt={cfg.nanogpt!r} is not a Python file: {where}")
-    spec = importlib.util.spec_from_file_location("nanogpt_model", cfg.nanogpt)
-    nano = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(nano)
-    except Exception as e:
-        raise ConfigError(f"nanogpt={cfg.nanogpt!r} failed to load ({type(e).__name__}): {where}") from None
-    if not hasattr(nano, "GPT") or not hasattr(nano, "GPTConfig"):
-        raise ConfigError(f"nanogpt={cfg.nanogpt!r} defines no GPT and GPTConfig: {where}")
     kept = keep_freed_memory()
     B, T = 12, NANOGPT_CPU["block_size"]
-    contestants = {}
-    for name, make in (("nanoGPT", lambda: nano.GPT(nano.GPTConfig(**NANOGPT_CPU))),
-                       ("ours, op=attention", lambda: GPT(GPTConfig(**NANOGPT_CPU, op="attention"))),
-                       ("ours, op=mix", lambda: GPT(GPTConfig(**NANOGPT_CPU, op="mix")))):
-        torch.manual_seed(0)
-        model = make()
-        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu") if name == "nanoGPT" else \
-            model.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
-        contestants[name] = (model, opt)
     x = torch.randint(0, NANOGPT_CPU["vocab_size"], (B, T))
+    contestants = {"nanoGPT": nanogpt_contestant(cfg.nanogpt, x)}
+    for op in ("attention", "mix"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**NANOGPT_CPU, op=op))
+        contestants[f"ours, op={op}"] = (model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.99)))
     best = {name: float("inf") for name in contestants}
     for _ in range(cfg.repeats):
         for name, (model, opt) in contestants.items():

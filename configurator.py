@@ -8,12 +8,18 @@ Settings start at a script's defaults. Each config file (Python that assigns nam
 once, here: an unknown key gets a "did you mean", a value of the wrong type or outside its range gets one line
 that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
 --help prints the script's docstring, then every setting with its default and the comment beside it.
+
+It also holds open_regular, the one way every script opens a file it parses or writes (a config file, a
+dataset's files, a run directory's): regular files only, never through a link.
 """
 import difflib
+import errno
 import inspect
+import io
 import math
 import numbers
 import os
+import stat
 import sys
 import tokenize
 from ast import literal_eval
@@ -114,6 +120,10 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
         print_help(defaults, help_from)
         sys.exit(0)
     values, given = dict(defaults), set()
+    for arg in argv:  # first: `--max_iters 5` is one setting without its value, not a config file named 5
+        if arg.startswith("--") and "=" not in arg:
+            raise ConfigError(f"argument {arg!r} must look like --key=value, with '=' and no space: "
+                              f"{arg}=VALUE")
     for arg in argv:
         if not arg.startswith("--") and not files:
             raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
@@ -122,9 +132,7 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
             given.add(key)
     for arg in argv:
         if arg.startswith("--"):
-            key, eq, text = arg[2:].partition("=")
-            if not eq:
-                raise ConfigError(f"argument {arg!r} must look like --key=value")
+            key, _, text = arg[2:].partition("=")
             values[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
             given.add(key)
     return SimpleNamespace(**values), given
@@ -166,13 +174,74 @@ def print_help(defaults, help_from):
 
 def read_config_file(path):
     """The names a config file assigns (it is Python, like nanoGPT's), as a dict."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py")
-    scope = {}
+    if not os.path.lexists(path):
+        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
+                          "(settings are written --key=value)")
     try:
-        with open(path, encoding="utf-8") as f:
+        f = open_regular(path, encoding="utf-8")
+    except ConfigError as e:  # a folder or a FIFO, say: it is named for what it is
+        raise ConfigError(f"config file {e}; pass a file like config/train_demo.py") from None
+    scope = {}
+    with f:
+        try:
             exec(f.read(), scope)
-    except (Exception, SystemExit) as e:  # a config file that crashes, or exits, is a bad config file
-        raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        except (Exception, SystemExit) as e:  # a config file that crashes, or exits, is a bad config file
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {first_line}") from None
     return {k: v for k, v in scope.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
+
+
+# -----------------------------------------------------------------------------
+# files we read or write: regular files only, never through a symbolic link
+#
+# A folder someone hands us (a dataset, a run directory) may hold a link to /dev/zero, which reads forever, a
+# FIFO, which blocks forever, or a link to a file of theirs or ours, which a write would overwrite. So every
+# file we parse or write is opened here: the open does not follow a final symbolic link (O_NOFOLLOW) nor wait
+# on a FIFO (O_NONBLOCK), and what it opened must be a regular file. The folders on the way are followed: they
+# are the ones the user named (data/ or a run directory may well live on another disk).
+
+SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
+              "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,  # read and append, creating it if missing (a lock)
+              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
+KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
+                 stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
+
+
+def not_regular(path, mode):
+    kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
+    return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
+                       "through a link)")
+
+
+def open_regular(path, mode="rb", encoding=None):
+    """open(path, mode) for a regular file only: mode "rb" reads, "ab+" reads and appends (creating the file),
+    "wb" creates it anew (a stale file of that name, a temporary an interrupted run left, is removed first).
+    A symbolic link, a folder, a FIFO or a device is refused with one line. encoding gives a text file."""
+    if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
+        os.remove(path)  # removes a link itself, never what it points to
+    try:
+        fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
+    except OSError as e:
+        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
+        if e.errno in refused and os.path.lexists(path):
+            raise not_regular(path, os.lstat(path).st_mode) from None
+        raise
+    st_mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(st_mode):
+        os.close(fd)
+        raise not_regular(path, st_mode)
+    f = os.fdopen(fd, mode)
+    return f if encoding is None else io.TextIOWrapper(f, encoding=encoding)
+
+
+def read_regular(path, limit):
+    """The bytes of the regular file path (as open_regular), refusing one larger than limit bytes: for small
+    metadata files, which a file of gigabytes could otherwise make us read until memory runs out."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{path} is larger than {limit:,} bytes, far more than such a file ever holds; it "
+                          "was replaced or comes from elsewhere")
+    return data

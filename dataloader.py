@@ -21,6 +21,8 @@ import os
 import numpy as np
 import torch
 
+from configurator import ConfigError, open_regular, read_regular
+
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4
 
@@ -44,7 +46,7 @@ class ShardFile:
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
-        self.file = open(self.tmp, "wb")
+        self.file = open_regular(self.tmp, "wb")  # created anew: a link planted under that name is not used
         self.file.write(bytes(HEADER_BYTES))  # a blank header for now: the count is known only at the end
 
     def write(self, tokens):
@@ -86,41 +88,78 @@ def write_shard(path, tokens):
 
 def read_shard(path, vocab_size=None):
     """Validate a shard and return its tokens as a read-only memmap (nothing is loaded into RAM)."""
-    size = os.path.getsize(path)
-    if size < HEADER_BYTES:
-        raise DataError(f"{path}: {size} bytes is too small for the {HEADER_BYTES}-byte shard header")
-    magic, version, ntok = np.fromfile(path, dtype="<i4", count=3)
-    if magic != MAGIC:
-        raise DataError(f"{path}: wrong magic number {magic} (expected {MAGIC}); not a token shard")
-    if version != VERSION:
-        raise DataError(f"{path}: unsupported shard version {version} (expected {VERSION})")
-    if size != HEADER_BYTES + 2 * ntok:
-        raise DataError(f"{path}: header says {ntok} tokens but the file holds {(size - HEADER_BYTES) / 2:g}; "
-                        "the file is truncated or corrupt, prepare it again")
-    tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(ntok),))
+    try:
+        f = open_regular(path)
+    except ConfigError as e:  # a link or a FIFO where a shard should be
+        raise DataError(f"{e}; prepare the dataset again") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_BYTES:
+            raise DataError(f"{path}: {size} bytes is too small for the {HEADER_BYTES}-byte shard header")
+        magic, version, ntok = np.frombuffer(f.read(12), dtype="<i4")
+        if magic != MAGIC:
+            raise DataError(f"{path}: wrong magic number {magic} (expected {MAGIC}); not a token shard")
+        if version != VERSION:
+            raise DataError(f"{path}: unsupported shard version {version} (expected {VERSION})")
+        if size != HEADER_BYTES + 2 * ntok:
+            held = (size - HEADER_BYTES) / 2
+            raise DataError(f"{path}: header says {ntok} tokens but the file holds {held:g}; the file is "
+                            "truncated or corrupt, prepare it again")
+        tokens = np.memmap(f, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(int(ntok),))  # outlives f
     if vocab_size is not None and ntok and int(tokens.max()) >= vocab_size:
         raise DataError(f"{path}: token id {int(tokens.max())} is >= the model's vocab_size {vocab_size}; "
                         "the data was prepared with a different tokenizer")
     return tokens
 
 
-def load_meta(data_dir):
-    """The dataset's meta.json as a dict: name, tokenizer, vocab_size, tokens per split, ... (how to decode)."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.exists(path):
-        raise DataError(f"{data_dir} has no meta.json, so its shards cannot be trusted or decoded; prepare the "
-                        "dataset again with prepare_data.py (it writes meta.json last)")
+JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 escaped characters) is < 1 MB
+
+
+def read_json(path):
+    """A small JSON file of a dataset (meta.json, progress.json), as what it holds. It must be a regular file
+    of at most JSON_BYTES: a link to /dev/zero or a FIFO is refused, never read until memory runs out."""
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise DataError(f"{path} is not valid JSON ({e}); prepare the dataset again") from None
+        return json.loads(read_regular(path, JSON_BYTES).decode("utf-8"))
+    except ConfigError as e:
+        raise DataError(f"{e}; prepare the dataset again") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
+
+
+def check_meta(meta, where, remedy="prepare the dataset again"):
+    """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
+    or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
     ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
         type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16 and \
         (meta["tokenizer"] != "char" or isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"])
     if not ok:
-        raise DataError(f"{path} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an integer in "
-                        "1..65536; chars for char): it was edited or comes from elsewhere; prepare the dataset again")
+        raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
+                        "integer in 1..65536; chars for char): it was edited or comes from elsewhere; "
+                        f"{remedy}")
+    tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
+    counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
+        all(type(n) is int and n >= 0 for n in tokens.values())
+    if not counts:
+        raise DataError(f"{where}: tokens must map train and val to their token counts, not "
+                        f"{str(tokens)[:40]!r}: it was edited or comes from elsewhere; {remedy}")
+    return meta
+
+
+def load_meta(data_dir):
+    """The dataset's meta.json as a dict: name, tokenizer, vocab_size, tokens per split, ... (how to decode).
+    The shards must hold the tokens it records: a dataset that lost a shard does not look prepared."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.lexists(path):
+        raise DataError(f"{data_dir} has no meta.json, so its shards cannot be trusted or decoded; prepare "
+                        "the dataset again with prepare_data.py (it writes meta.json last)")
+    meta = check_meta(read_json(path), path)
+    for split, n in meta.get("tokens", {}).items():
+        held = sum(len(read_shard(shard)) for shard in find_shards(data_dir, split))
+        if held != n:
+            raise DataError(f"{data_dir} is damaged: its {split} shards hold {held:,} tokens but meta.json "
+                            f"records {n:,} (a shard is missing, extra or replaced); prepare the dataset "
+                            "again")
     return meta
 
 
@@ -137,7 +176,19 @@ def unigram_loss(data_dir, vocab_size):
 # the loader
 
 def find_shards(data_dir, split):
-    return sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
+    """The split's shards in data_dir. Its name is escaped: data/py* is that folder, not a pattern."""
+    return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+
+
+def loader_state_problem(state):
+    """What makes state other than what ShardLoader.state_dict returns, in words, or None. It names types,
+    never values: a value from a hostile checkpoint could print as many lines."""
+    if type(state) is not dict:
+        return f"it is a {type(state).__name__}"
+    if sorted(state, key=str) != ["epoch", "pos", "shard"]:
+        return "it has other keys"
+    return ", ".join(f"{key} is a {type(state[key]).__name__}" for key in ("epoch", "shard", "pos")
+                     if type(state[key]) is not int) or None
 
 
 class ShardLoader:
@@ -172,6 +223,15 @@ class ShardLoader:
         return {"epoch": self.epoch, "shard": self.shard, "pos": self.pos}
 
     def load_state_dict(self, state):
+        """Continue from state (from state_dict, kept in a checkpoint, so it is checked: it may come from
+        anywhere)."""
+        problem = loader_state_problem(state)
+        if problem:
+            raise DataError(f"the checkpoint's loader state is not the integers epoch, shard and pos that "
+                            f"train.py saves ({problem}); the checkpoint was edited or comes from elsewhere")
+        if state["epoch"] < 0 or state["pos"] < 0:
+            raise DataError(f"loader state has epoch {state['epoch']} and pos {state['pos']}; both must be "
+                            "≥ 0: the checkpoint was edited or comes from elsewhere")
         if not 0 <= state["shard"] < len(self.shards):
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
@@ -185,6 +245,10 @@ class ShardLoader:
         if moved:
             self.epoch = state["epoch"]
             self._shuffle()
+        if state["pos"] > len(self.starts):
+            raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
+                            f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "
+                            "since the checkpoint")
         self.pos = state["pos"]
 
     def _shuffle(self):

@@ -33,6 +33,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -41,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, optional
-from dataloader import DataError, ShardFile, find_shards, load_meta, read_shard
+from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular, optional
+from dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
 
 try:
     import fcntl  # POSIX file locks: the OS releases them when the process dies, even by kill -9
@@ -178,18 +179,20 @@ def shakespeare_documents():
 
 
 def text_documents(path):
+    """The documents of --input: the file, or each .txt file in the folder. Every one must be a regular file
+    (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))  # .TXT too
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    elif os.path.isfile(path):
+    elif os.path.lexists(path):
         files = [path]
     else:
         raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
     docs = []
     for file in files:
         try:
-            with open(file, encoding="utf-8") as f:
+            with open_regular(file, encoding="utf-8") as f:
                 docs.append(f.read())
         except UnicodeDecodeError:
             raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
@@ -216,42 +219,73 @@ def split_documents(docs, val_fraction):
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
+# characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even when every
+# character takes 4 bytes in UTF-8
+NAME_LENGTH = 50
+
+
+def check_dataset_name(key, name):
+    """The one check of a dataset's name (prepare_data.py --name, train.py --dataset). It becomes the folder
+    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing
+    a shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make
+    one split's shards match the other's *_train_*.bin."""
+    plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
+    if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
+        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
+                        "'_', '-' and '.', starting with a letter or digit, not containing or ending in "
+                        f"'_train' or '_val'; give another --{key}")
+    return name
+
+
 def dataset_dirs(out_dir, name):
     """The dataset's folder and the hidden folder where its unfinished parts wait."""
     return os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
 
 
 def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
+    with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
+        f.write(json.dumps(obj, indent=1).encode("utf-8"))
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
+
+
+def finished_meta(data_dir):
+    """data_dir's meta.json if data_dir holds a finished, undamaged dataset, else None."""
+    try:
+        return load_meta(data_dir)
+    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
+        return None
 
 
 def prepared_from(data_dir, source):
     """Whether data_dir holds a finished dataset made from `source` (the same files and settings)."""
-    try:
-        return load_meta(data_dir).get("source") == source
-    except DataError:  # no meta.json, or a broken one
-        return False
+    meta = finished_meta(data_dir)
+    return meta is not None and meta.get("source") == source
 
 
 @contextmanager
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
+    # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
+    lock_path = os.path.join(out_dir, f".{name}.lock")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open(os.path.join(out_dir, f".{name}.lock"), "w")
+        lock = open_regular(lock_path, "ab+")  # kept: its content does not matter
     except FileExistsError:
-        raise DataError(f"--out_dir={out_dir} is a file; give a folder (it is created if missing)") from None
+        raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into another folder "
+                        "with prepare_data.py --out_dir=DIR") from None
     except OSError as e:
-        raise DataError(f"--out_dir={out_dir} is not a folder we can write to ({e.strerror}: {e.filename})") from None
+        raise DataError(f"the data folder {out_dir} cannot be written to ({e.strerror}: {e.filename}); use "
+                        "another one with prepare_data.py --out_dir=DIR") from None
     with lock:
         if fcntl:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"another process is preparing {name} (it holds {lock.name}): waiting for it to finish")
+                print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
                 fcntl.flock(lock, fcntl.LOCK_EX)
+        staging = dataset_dirs(out_dir, name)[1]
+        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
+            os.remove(staging)
         try:
             yield
         except OSError as e:
@@ -454,10 +488,10 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
     progress_path = os.path.join(staging, "progress.json")
     progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
-    if os.path.exists(progress_path):
-        with open(progress_path) as f:
-            previous = json.load(f)
-        progress = previous if previous["source"] == source else progress  # other settings: start over
+    if os.path.lexists(progress_path):
+        previous = read_json(progress_path)
+        same = isinstance(previous, dict) and previous.get("source") == source
+        progress = previous if same else progress  # other settings: start over
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
@@ -511,7 +545,9 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
                         f"({extra[0]} ...), which training would read too; delete them or ask for more shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
-    todo = [file for file in files if not (os.path.isfile(final(file)) and os.path.getsize(final(file)) == sizes[file])]
+    done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
+            os.path.getsize(final(file)) == sizes[file]]
+    todo = [file for file in files if file not in done]
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
           f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
@@ -613,10 +649,7 @@ def prepare(corpus, out_dir="data", **options):
     # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
     name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
                                         else corpus)
-    # shards are NAME_val_000000.bin: a name holding "_train_", or ending in "_train", would match *_train_*.bin
-    if name.startswith(".") or os.sep in name or any(f"_{s}_" in name + "_" for s in ("train", "val")):
-        raise DataError(f"--name={name!r} must be a plain folder name, without '/' and not containing or ending in "
-                        "'_train' or '_val'; give another --name")
+    check_dataset_name("name", name)
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
             "text": lambda: text_documents(input)}[corpus]()
     with preparing(out_dir, name):
@@ -624,24 +657,31 @@ def prepare(corpus, out_dir="data", **options):
 
 
 def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`, once it is prepared (its meta.json exists). The offline default corpus
-    is prepared on the fly; two processes asking at once take turns on the lock, and the second uses the
-    first one's result."""
-    data_dir, staging = dataset_dirs(out_dir, name)
+    """The data dir of dataset `name`, once it is prepared (its meta.json is valid and its shards hold the
+    tokens it records). The offline default corpus is prepared on the fly, again if it is damaged; two
+    processes asking at once take turns on the lock, and the second uses the first one's result."""
+    data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
     meta_path = os.path.join(data_dir, "meta.json")
-    if os.path.exists(meta_path):
-        return data_dir
     if name == DEFAULT_CORPUS:
-        with preparing(out_dir, name):
-            if not os.path.exists(meta_path):  # else another process prepared it while we waited
-                print(f"{data_dir} is not prepared yet: preparing the offline default corpus {name} first")
-                prepare_documents(name, pydocs_documents(), out_dir)
+        if finished_meta(data_dir) is None:
+            with preparing(out_dir, name):
+                if finished_meta(data_dir) is None:  # else another process prepared it while we waited
+                    print(f"{data_dir} is not prepared (or is damaged): preparing the offline default corpus "
+                          f"{name} first")
+                    prepare_documents(name, pydocs_documents(), out_dir)
+        return data_dir
+    if os.path.lexists(meta_path):
+        load_meta(data_dir)  # a damaged dataset (a shard missing, a broken meta.json) is refused, saying what
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
     leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
                 if os.path.isdir(staging) else "")
-    what = "has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else "does not exist"
+    what = "does not exist"
+    if os.path.isdir(data_dir):
+        what = "has no meta.json, so it is not a finished dataset"
+    elif os.path.lexists(data_dir):
+        what = "is not a folder"
     raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
 
 

@@ -116,7 +116,9 @@ def test_bad_config_files(workdir):
     assert "config file leave.py failed: SystemExit: bye" in train_error("leave.py")  # exiting is failing
     assert "unknown setting 'n_layers'; did you mean n_layer" in train_error("typo.py")
     os.makedirs("folder.py")  # a directory is no config file
-    assert train_error("folder.py") == "error: config file 'folder.py' not found; pass a file like config/train_demo.py"
+    assert train_error("folder.py") == ("error: config file folder.py is a folder, not a regular file "
+                                        "(only regular files are read or written, never through a link); "
+                                        "pass a file like config/train_demo.py")
 
 
 @pytest.mark.parametrize("code, words", [
@@ -681,6 +683,11 @@ def test_bench_checks_the_nanogpt_file(workdir):
     assert bad("folder.py") == f"error: nanogpt='folder.py' is not a Python file: {where}"
     assert bad("boom.py") == f"error: nanogpt='boom.py' failed to load (ZeroDivisionError): {where}"
     assert bad("half.py") == f"error: nanogpt='half.py' defines no GPT and GPTConfig: {where}"
+    ours = os.path.join(HERE, "model.py")
+    assert bad(ours) == f"error: nanogpt={ours!r} is this project's own model.py: {where}"
+    shutil.copy(ours, "copy.py")  # ours elsewhere: its configure_optimizers takes other arguments
+    assert bad("copy.py") == f"error: nanogpt='copy.py' failed to train as nanoGPT's GPT does (TypeError): " \
+                             f"{where}"
 
 
 def test_bench_gpt2_step_needs_cuda():

@@ -875,9 +875,9 @@ def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
         def read_only(path, *args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied", path)
         monkeypatch.setattr(os, "makedirs", read_only)
-    message = {"a file": "is a file; give a folder", "under a file": "is not a folder we can write to .Not a directory",
-               "read-only": "is not a folder we can write to .Permission denied"}[case]
-    with pytest.raises(DataError, match=f"--out_dir={out} {message}") as excinfo:
+    message = {"a file": "is a file; move it away", "under a file": "cannot be written to .Not a directory",
+               "read-only": "cannot be written to .Permission denied"}[case]
+    with pytest.raises(DataError, match=f"the data folder {out} {message}") as excinfo:  # not a flag
         pd.prepare("pydocs", out_dir=out)
     one_line_error(excinfo)
 
@@ -885,7 +885,7 @@ def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
 def test_cli_errors_are_one_line(tmp_path):
     (tmp_path / "f").write_text("not a folder")
     for args, start in ([["text", f"--input={tmp_path}/nope"], "error: --input="],
-                        [["fineweb10B", f"--out_dir={tmp_path}/f"], "error: --out_dir="]):
+                        [["fineweb10B", f"--out_dir={tmp_path}/f"], "error: the data folder "]):
         result = run_cli(*args)
         assert result.returncode == 1 and result.stdout == ""
         assert result.stderr.startswith(start) and result.stderr.count("\n") == 1

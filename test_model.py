@@ -6,7 +6,6 @@ causality, gradients, parameter counts, the γ ≥ gamma_min projection, overfit
 """
 import math
 import os
-import platform
 import subprocess
 import sys
 
@@ -571,25 +570,6 @@ def test_estimate_mfu_against_the_palm_formula(monkeypatch):
     N = model.get_num_params()
     L, H, Q, T = 2, 4, 8, 16  # TINY: n_layer, n_head, n_embd / n_head, block_size
     assert model.estimate_mfu(3, 0.5) == pytest.approx((6 * N + 12 * L * H * Q * T) * T * 3 / 0.5 / 1e12, rel=1e-12)
-
-
-def test_bench_against_nanogpt_prints_each_step_time_over_nanogpts(tmp_path, capsys):
-    """A stand-in for nanoGPT's model.py (ours, behind nanoGPT's names): one timed repeat of each contestant."""
-    import bench
-    stub = tmp_path / "model.py"
-    stub.write_text("import model\nGPTConfig = model.GPTConfig\n"
-                    "class GPT(model.GPT):\n"
-                    "    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):\n"
-                    "        return super().configure_optimizers(weight_decay, learning_rate, betas)\n")
-    best = bench.main(["--what=nanogpt", f"--nanogpt={stub}", "--repeats=1", "--iters=1"])
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(f"batch 12, best of 1 interleaved repeats of 1 steps, freed memory kept: {on_glibc()}")
-    assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"] and all(ms > 0 for ms in best.values())
-    assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
-
-
-def on_glibc():
-    return platform.libc_ver()[0] == "glibc"
 
 
 @pytest.mark.parametrize("op, saved", [
