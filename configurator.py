@@ -215,6 +215,12 @@ def not_regular(path, mode):
                        "through a link)")
 
 
+def refuse_unless_regular(path):
+    """Raise the ConfigError of not_regular when path is there but is not a regular file."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
+        raise not_regular(path, os.lstat(path).st_mode)
+
+
 def open_regular(path, mode="rb", encoding=None):
     """open(path, mode) for a regular file only: mode "rb" reads, "ab+" reads and appends (creating the file),
     "wb" creates it anew (a stale file of that name, a temporary an interrupted run left, is removed first).

@@ -26,9 +26,9 @@ import sys
 import numpy as np
 from scipy import stats
 
-from configurator import ConfigError, configure, nonempty
+from configurator import ConfigError, configure, nonempty, open_regular, read_regular
 from operators import OPS, all_controls
-from rundir import atomic_write, open_regular, read_regular
+from rundir import atomic_write
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))

@@ -22,7 +22,8 @@ import zipfile
 import filelock
 import torch
 
-from configurator import ConfigError
+from configurator import ConfigError, open_regular, read_regular, refuse_unless_regular
+from dataloader import check_meta
 from model import GPT, GPTConfig
 
 RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,
@@ -82,56 +83,6 @@ def unlock_run_dir(out):
 # Regular files only: a link in a directory someone handed us must never lead a write (or a read) elsewhere
 
 
-def kind_of(mode):
-    """What a file that is not a regular one is, from its st_mode."""
-    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"))
-    for is_kind, name in kinds:
-        if is_kind(mode):
-            return name
-    return "a device or socket"
-
-
-def refuse_unless_regular(path, mode=None):
-    """Raise a ConfigError when path is there but is not a regular file (mode: its st_mode, when known)."""
-    if mode is None:
-        try:
-            mode = os.lstat(path).st_mode  # lstat: the link itself, not what it points to
-        except FileNotFoundError:
-            return
-    if not stat.S_ISREG(mode):
-        raise ConfigError(f"{path} is {kind_of(mode)}, not a regular file: nanoCorridor reads and writes "
-                          "only regular files (never through links); remove it or point elsewhere")
-
-
-OPEN_FLAGS = {"rb": os.O_RDONLY, "ab": os.O_WRONLY | os.O_APPEND | os.O_CREAT}
-
-
-def open_regular(path, mode="rb"):
-    """path opened for reading ("rb") or appending ("ab") as a regular file. O_NOFOLLOW refuses a link
-    (even one that appears after a check), O_NONBLOCK keeps a FIFO from hanging the open, and fstat sees
-    what was opened."""
-    try:
-        fd = os.open(path, OPEN_FLAGS[mode] | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        refuse_unless_regular(path)  # a link (ELOOP), a FIFO without a reader (ENXIO): say what it is
-        raise
-    mode_opened = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode_opened):
-        os.close(fd)
-        refuse_unless_regular(path, mode_opened)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, mode)
-
-
-def read_regular(path, limit):
-    """The bytes of a small regular file, refused beyond limit bytes (a file we wrote is never that large)."""
-    with open_regular(path) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ConfigError(f"{path} is larger than {limit:,} bytes: not a file nanoCorridor wrote; remove it")
-    return data
-
-
 def atomic_write(path, write):
     """write(f) into a new temporary file beside path (f: a binary file object), then rename it over path: a
     crash or a full disk never leaves a broken file under the real name. The temporary gets a fresh random
@@ -139,16 +90,13 @@ def atomic_write(path, write):
     if there, must be a regular file."""
     refuse_unless_regular(path)
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
-    created = False
+    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")  # a name no one else has
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-        created = True
-        with os.fdopen(fd, "wb") as f:
+        with open_regular(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)  # replaces the name path, never a file a link might lead to
     except Exception as e:  # OSError, and torch.save's RuntimeError when the disk fills up mid-file
-        if created and os.path.lexists(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)
         kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
         reason = e.strerror if isinstance(e, OSError) and e.strerror else why(e)
@@ -268,6 +216,7 @@ def load_checkpoint(path):
     if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
         raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({', '.join(wrong) or 'loader, config'}); "
                           "it comes from another version or was edited")
+    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
     if ckpt["iter_num"] < 0 or ckpt["tokens"] < 0 or not ckpt["best_val_loss"] >= 0:  # inf: none saved yet
         counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
@@ -405,7 +354,7 @@ class RunLog:
             atomic_write(path, lambda f: None)  # a new run starts a new, empty log
         elif os.path.lexists(path):
             trim_log(path, resume_iter)
-        self.file = open_regular(path, "ab")
+        self.file = open_regular(path, "ab+")
         self.wandb = None
         if wandb_run is not None:  # also send the numbers to Weights & Biases: wandb.init's arguments
             import wandb  # lazy: optional

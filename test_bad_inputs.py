@@ -574,7 +574,8 @@ class RunsCode:
 
 
 GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val_loss": 4.0, "tokens": 64, "loader":
-        {"epoch": 0, "shard": 0, "pos": 8}, "meta": {}, "config": {"init_from": "scratch"}}
+        {"epoch": 0, "shard": 0, "pos": 8}, "meta": {"tokenizer": "byte", "vocab_size": 256},
+        "config": {"init_from": "scratch"}}
 
 
 @pytest.mark.parametrize("content, words", [

@@ -18,7 +18,7 @@ import corridor
 import rundir
 import sample
 import train
-from configurator import ConfigError
+from configurator import ConfigError, open_regular, read_regular
 from test_bad_inputs import HERE, TINY, one_line_error, train_error
 from test_bad_inputs import finished_run, workdir  # noqa: F401 (fixtures)
 
@@ -86,7 +86,7 @@ def test_a_fifo_as_the_log_is_refused_not_waited_on(finished_run):
     os.remove(f"{finished_run}/log.jsonl")
     os.mkfifo(f"{finished_run}/log.jsonl")
     assert_one_line(train_process(f"--out_dir={finished_run}", *RESUME, timeout=60),
-                    f"{finished_run}/log.jsonl is a FIFO, not a regular file")
+                    f"{finished_run}/log.jsonl is a FIFO (named pipe), not a regular file")
 
 
 def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
@@ -94,13 +94,14 @@ def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
     os.symlink("file", "link")
     os.mkfifo("fifo")
     os.makedirs("folder")
-    assert rundir.open_regular("file").read() == b"text"
-    for path, kind in (("link", "a symbolic link"), ("fifo", "a FIFO"), ("folder", "a folder"),
-                       ("/dev/zero", "a device or socket")):
+    assert open_regular("file").read() == b"text"
+    kinds = (("link", "a symbolic link"), ("fifo", r"a FIFO \(named pipe\)"), ("folder", "a folder"),
+             ("/dev/zero", "a device"))
+    for path, kind in kinds:
         with pytest.raises(ConfigError, match=f"^{path} is {kind}, not a regular file"):
-            rundir.open_regular(path)
+            open_regular(path)
     with pytest.raises(ConfigError, match="file is larger than 3 bytes"):
-        rundir.read_regular("file", 3)
+        read_regular("file", 3)
 
 
 def test_corridor_never_writes_a_figure_through_a_link(finished_run, capsys):
@@ -164,7 +165,8 @@ def test_an_empty_folder_and_a_run_killed_while_starting_are_ours(workdir):
 
 def test_what_counts_as_a_runs_temporary():
     """A kill -9 mid-write leaves .NAME.HEX.tmp; the next run removes those of run files, and nothing else."""
-    assert rundir.is_temporary(".ckpt.pt.0123abcd.tmp") and rundir.is_temporary(".ckpt_000100.pt.0123abcd.tmp")
+    assert rundir.is_temporary(".ckpt.pt.0123abcd.tmp")
+    assert rundir.is_temporary(".ckpt_000100.pt.0123abcd.tmp")
     assert not rundir.is_temporary("ckpt.pt.tmp") and not rundir.is_temporary(".notes.txt.0123abcd.tmp")
 
 
@@ -252,6 +254,7 @@ WPE = "transformer.wpe.weight"
     (lambda c: c["model_args"]["controls"].update(bogus=1), "bogus is not a control of op='mix'"),
     (lambda c: c["model_args"].update(block_size=10**12), "shape or dtype in " + WPE),  # costs no memory
     (lambda c: c["model_args"].update(n_layer=10**9), "n_layer=1000000000 but the weights have 1 layers"),
+    (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
 ])
 def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finished_run, edit, words):
     edit_checkpoint(finished_run, edit)
