@@ -5,6 +5,7 @@ Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quote
     python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024 --repeats=1
     python bench.py --what=nanogpt --nanogpt=PATH/TO/nanoGPT/model.py   # CPU: our training step vs nanoGPT's
     python bench.py --what=gpt2_step                  # GPU: a compiled GPT-2-small step, impl=triton vs sdpa
+    python bench.py --what=sample --repeats=2         # CPU: sampling with generate's KV cache vs without
 
 What the tables mean:
 - ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
@@ -37,16 +38,18 @@ from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
-    what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU)
+    what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU),
+                 # sample (generate's KV cache vs a full forward per token)
     ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
     impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
     block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
     batch_size=8,  # (what=ops) sequences per step
     iters=20,  # (what=ops, nanogpt) timed training steps per measurement
-    repeats=5,  # (what=ops, nanogpt) measurements of each, the best one counts
+    repeats=5,  # (what=ops, nanogpt, sample) measurements of each, the best one counts
     nanogpt="",  # (what=nanogpt) the path of nanoGPT's model.py
 )
-RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step"), batch_size=at_least(1), iters=at_least(1), repeats=at_least(1))
+RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step", "sample"), batch_size=at_least(1), iters=at_least(1),
+             repeats=at_least(1))
 DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
 # nanoGPT's CPU example (README of nanoGPT: shakespeare_char on a CPU)
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0)
@@ -235,10 +238,52 @@ def bench_gpt2_step(cfg):
     return times
 
 
+SAMPLE_NEW_TOKENS = 300
+SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),  # GPT-2's vocabulary and block_size (1024)
+                 "GPT-2 small, 12×768": dict(n_layer=12, n_head=12, n_embd=768)}
+
+
+def full_forward_per_token(model, idx, max_new_tokens):
+    """Greedy sampling as nanoGPT's generate does it: a forward over the whole (cropped) context per token."""
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -model.config.block_size:])
+        idx = torch.cat((idx, logits[:, -1, :].argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+def bench_sample(cfg):
+    """Greedy sampling of SAMPLE_NEW_TOKENS tokens from a one-token prompt, batch 1, op=mix: GPT.generate with
+    its KV cache against a full forward per token, interleaved; each keeps its best of `repeats`."""
+    prompt = torch.zeros((1, 1), dtype=torch.long)
+    n, rows = SAMPLE_NEW_TOKENS, {}
+    for name, shape in SAMPLE_MODELS.items():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**shape, op="mix")).eval()
+        cached_s = full_s = float("inf")
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            cached = model.generate(prompt, n, temperature=0)
+            t1 = time.perf_counter()
+            full = full_forward_per_token(model, prompt, n)
+            t2 = time.perf_counter()
+            cached_s, full_s = min(cached_s, t1 - t0), min(full_s, t2 - t1)
+        rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=full_s / cached_s,
+                          same_tokens=torch.equal(cached, full))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, batch 1, "
+          f"op=mix, best of {cfg.repeats} interleaved repeats")
+    print("| model | ms per token, KV cache | ms per token, full forward | speedup | same tokens |")
+    print("|---|---|---|---|---|")
+    for name, r in rows.items():
+        ms_cached, ms_full = r["cached_s"] / n * 1000, r["full_s"] / n * 1000
+        print(f"| {name} | {ms_cached:.2f} | {ms_full:.2f} | {r['speedup']:.2f}× | {r['same_tokens']} |")
+    return rows
+
+
 def main(argv):
     try:
         cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
-        return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step}[cfg.what](cfg)
+        return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step,
+                "sample": bench_sample}[cfg.what](cfg)
     except ValueError as e:
         sys.exit(f"error: {e}")
 

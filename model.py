@@ -102,12 +102,19 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
 
-    def forward(self, x):
+    def forward(self, x, cache=None):
+        """x: (B, T, C). cache, only while generating: a dict of this layer's keys and values of the context.
+        An empty one keeps x's (x is the prompt); a filled one is extended by x, the one new token."""
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         impl = resolve_impl(self.impl, self.op, q, dropout_p)
-        if impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
+        if cache:  # one new token, whose query may see every cached position: no mask, SDPA for every impl
+            K = cache["k"] = torch.cat((cache["k"], k), dim=2)  # (B, nh, t, hs) the whole context's keys
+            V = cache["v"] = torch.cat((cache["v"], v), dim=2)  # (B, nh, t, hs) and values
+            y = F.scaled_dot_product_attention(q, K, V)  # P·V of the new token: (B, nh, 1, hs)
+            y = self.op(v, y)  # a·v needs only the new token's own value v, never a cached one
+        elif impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
             from kernel import mix_attention
             y = mix_attention(q, k, v, *self.op.coefficients())
         elif impl == "materialized":
@@ -115,6 +122,8 @@ class CausalSelfAttention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash attention
             y = self.op(v, y)  # (a·I + b·P)·V: the one new line
+        if cache == {}:  # the prompt: keep its keys and values for the tokens to come
+            cache.update(k=k, v=v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -141,8 +150,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -178,15 +187,20 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def forward(self, idx, targets=None):
+    def forward(self, idx, targets=None, cache=None):
+        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per layer,
+        all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} is longer than block_size={self.config.block_size}; "
+        t0 = 0  # the position of idx's first token: after those already cached
+        if cache and cache[0]:
+            t0 = cache[0]["k"].size(2)
+        if t0 + T > self.config.block_size:
+            raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
             return self.lm_head(x[:, [-1], :]), None
@@ -240,9 +254,19 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Continue idx (B, T) by max_new_tokens tokens, each sampled from the model's distribution
-        sharpened by temperature (0: always the most likely token) and cut to the top_k most likely."""
+        sharpened by temperature (0: always the most likely token) and cut to the top_k most likely.
+        A KV cache makes each token cheap: the prompt's forward keeps every layer's keys and values, and each
+        new token computes only its own q, k, v and head outputs against them, as decoders really generate."""
+        block_size, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
+            # wpe's positions are absolute, so a full cache (block_size positions) has no place for the next
+            # token: rebuilding it from the last block_size tokens gives exactly nanoGPT's cropping (and from
+            # then on every token costs a full forward again)
+            if cache is None or cache[0]["k"].size(2) == block_size:
+                cache = [{} for _ in self.transformer.h]
+                logits, _ = self(idx[:, -block_size:], cache=cache)
+            else:  # the cache holds every position but the newest token's
+                logits, _ = self(idx[:, -1:], cache=cache)
             logits = logits[:, -1, :]  # (B, vocab_size)
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)

@@ -1,10 +1,12 @@
 """
 Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared with (the
-checkpoint carries the dataset's meta.json, so this works from any directory).
+checkpoint carries the dataset's meta.json, so this works from any directory), or from OpenAI's GPT-2 weights
+with any op, decoding with tiktoken's GPT-2 BPE.
 
     python sample.py --out_dir=out/demo --start="The " --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out/demo --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
     python sample.py --out_dir=out/demo --temperature=0      # greedy: always the most likely next token
+    python sample.py --init_from=gpt2 --start="The corridor" --op=mix --gamma_init=-0.3   # or gpt2-medium..xl
 """
 import os
 import sys
@@ -12,10 +14,13 @@ import sys
 import torch
 
 from configurator import SEED, ConfigError, at_least, configure, optional
+from model import GPT
+from operators import OPS, all_controls
 from prepare_data import get_tokenizer
 from rundir import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
+    init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
     out_dir="out/demo",  # the run directory holding ckpt.pt
     start="\n",  # the prompt, or FILE:path to read it from a file
     num_samples=3,  # how many texts to generate
@@ -24,6 +29,8 @@ DEFAULTS = dict(
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,  # seeds the sampling
     device="cpu",  # where to run: cpu, cuda, cuda:1, mps
+    op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
+    **all_controls(),
 )
 
 
@@ -55,7 +62,7 @@ def read_prompt(start):
         raise ConfigError(f"--start=FILE:{path}: {e.strerror.lower()}") from None
 
 
-def sample(cfg):
+def sample(cfg, given=frozenset()):
     try:
         device = torch.device(cfg.device)
     except RuntimeError:
@@ -64,9 +71,19 @@ def sample(cfg):
         raise ConfigError(f"device={cfg.device!r} is not a device to sample on; use cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available() or device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
-    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-    model = model_from_checkpoint(ckpt, impl="auto").eval().to(device)  # train.py's checks of the weights
-    encode, decode = get_tokenizer(ckpt["meta"])
+    op_settings = sorted(given & {"op", *all_controls()})
+    if cfg.init_from == "resume":
+        if op_settings:
+            raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): a checkpoint's op "
+                              "is fixed; drop it")
+        ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+        model = model_from_checkpoint(ckpt, impl="auto")  # train.py's checks of the weights
+        encode, decode = get_tokenizer(ckpt["meta"])
+    else:  # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest default)
+        controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}
+        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls)
+        encode, decode = get_tokenizer({"tokenizer": "gpt2"})
+    model.eval().to(device)
     idx = torch.tensor([encode(read_prompt(cfg.start))], dtype=torch.long, device=device)
     if idx.numel() == 0:
         raise ConfigError("the prompt encodes to no tokens; give a non-empty --start")
@@ -81,8 +98,8 @@ def sample(cfg):
 
 def main(argv):
     try:
-        cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
-        return sample(cfg)
+        help_from = [("", sys.modules[__name__])] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
+        return sample(*configure(DEFAULTS, argv, RULES, files=False, help_from=help_from))
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
 
