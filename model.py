@@ -27,9 +27,9 @@ IMPLS = ("auto", "sdpa", "materialized", "triton")
 
 
 def resolve_impl(impl, op, q, dropout_p):
-    """'auto': the fused Triton kernel on CUDA where it applies and works (triton installed, head size
-    supported, no attention dropout, kernel compiles on this GPU); SDPA otherwise. Plain attention gains
-    nothing from the kernel."""
+    """'auto': the fused Triton kernel on CUDA where it applies (triton installed, head size supported, no
+    attention dropout) and where, at first use on this GPU, it passed its float64 check and beat SDPA +
+    epilogue at this shape (kernel.usable); SDPA otherwise. Plain attention gains nothing from the kernel."""
     if impl != "auto":
         return impl
     if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
@@ -37,7 +37,7 @@ def resolve_impl(impl, op, q, dropout_p):
             from kernel import usable  # lazy: imports triton
         except ImportError:
             return "sdpa"
-        if usable(q.device, q.dtype, q.size(-1)):  # the first failure on this device, dtype, head size warns once
+        if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once
             return "triton"
     return "sdpa"
 
@@ -108,7 +108,8 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
-        impl = resolve_impl(self.impl, self.op, q, dropout_p)
+        if not cache:  # (a cached step always takes SDPA: nothing for impl='auto' to check or time)
+            impl = resolve_impl(self.impl, self.op, q, dropout_p)
         if cache:  # one new token, whose query may see every cached position: no mask, SDPA for every impl
             K = cache["k"] = torch.cat((cache["k"], k), dim=2)  # (B, nh, t, hs) the whole context's keys
             V = cache["v"] = torch.cat((cache["v"], v), dim=2)  # (B, nh, t, hs) and values

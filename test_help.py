@@ -13,6 +13,7 @@ import pytest
 
 import bench
 import corridor
+import kernel_check
 import prepare_data
 import sample
 import train
@@ -24,6 +25,7 @@ SCRIPTS = {  # script -> (its settings, how it is asked for --help)
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),
     "corridor": (lambda: corridor.OPTIONS, lambda: corridor.main(["--help"])),
     "bench": (lambda: bench.DEFAULTS, lambda: bench.main(["--help"])),
+    "kernel": (lambda: kernel_check.DEFAULTS, lambda: kernel_check.main(["--help"])),  # python kernel.py
 }
 
 

@@ -6,11 +6,13 @@ Run: python -m pytest -q test_kernel.py
 """
 import concurrent.futures
 import contextlib
+import functools
 import io
 import itertools
 import multiprocessing
 import os
 import re
+import time
 import warnings
 
 import pytest
@@ -27,6 +29,7 @@ TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 # one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), and a generic mix
 A_HEADS = [0.0, 1.0, -0.4 * 1.3, 0.3]
 B_HEADS = [1.0, -1.0, 1.3, 0.8]
+SMALL = [list(cfg) for cfg in kernel.SMALL]  # the interpreter's launch configs, as the custom ops take them
 
 
 @pytest.fixture(autouse=True)
@@ -108,13 +111,12 @@ def _launch_configs():
 
 
 @pytest.mark.parametrize("D,fwd,bwd", list(_launch_configs()))
-def test_every_launch_config(monkeypatch, D, fwd, bwd):
+def test_every_launch_config(D, fwd, bwd):
     """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary. On a GPU
     in bf16, which they are made for (in fp32 the largest need more shared memory than a GPU has)."""
-    monkeypatch.setattr(kernel, "FORCE_CONFIG", {"fwd": fwd, "bwd": bwd})
     dtype = torch.bfloat16 if CUDA else torch.float32
     inputs, dout = make_inputs(1, 161, D, dtype, seed=D)
-    run_and_compare(inputs, dout, TOL[dtype])
+    run_and_compare(inputs, dout, TOL[dtype], fn=functools.partial(mix_attention, configs=(fwd, bwd)))
 
 
 def test_pure_attention_and_laplacian_heads():
@@ -142,9 +144,9 @@ def test_custom_ops_pass_opcheck():
     """torch.library.opcheck: schema, autograd registration, and fake ops whose shapes and strides are the real
     ops' (torch.compile plans memory with the fakes; aot_eager alone would not notice a wrong stride)."""
     (q, k, v, a, b), dout = make_inputs(1, 9, 16, seed=2)
-    torch.library.opcheck(kernel._mix_fwd, (q, k, v, a, b))
-    _, pv, lse = kernel._mix_fwd(q, k, v, a, b)
-    torch.library.opcheck(kernel._mix_bwd, (dout, q, k, v, a, b, pv, lse))
+    torch.library.opcheck(kernel._mix_fwd, (q, k, v, a, b, *SMALL))
+    _, pv, lse = kernel._mix_fwd(q, k, v, a, b, *SMALL)
+    torch.library.opcheck(kernel._mix_bwd, (dout, q, k, v, a, b, pv, lse, SMALL[1]))
 
 
 def _bad_inputs():
@@ -172,55 +174,135 @@ def test_bad_inputs_raise_value_error(i):
         mix_attention(*args)
 
 # -----------------------------------------------------------------------------
-# usable(): the check behind impl='auto'
+# The checks behind impl='auto': kernel.accuracy, the timing, usable() and tune(). Planted kernels, built on
+# the float64-accurate SDPA reference so that they run fast on a CPU, each carry a bug the checks must catch.
+
+CPU = torch.device("cpu")
 
 
-class _BrokenLaunch:  # stands in for a kernel that fails to compile or launch on some GPU
-    def __getitem__(self, grid):
-        raise RuntimeError("simulated launch failure")
+def exact(q, k, v, a, b, configs=None):  # a kernel with no bug
+    return kernel.reference(q, k, v, a, b)
 
 
-def _usable_warnings(records):
-    return [w for w in records if "kernel.usable" in str(w.message)]
+def one_percent_off(q, k, v, a, b, configs=None):
+    return 1.01 * kernel.reference(q, k, v, a, b)
 
 
-def test_usable_says_yes_when_the_kernel_runs(monkeypatch):
-    monkeypatch.setattr(kernel, "_usable", {})
-    with warnings.catch_warnings(record=True) as rec, torch.inference_mode():  # as when sampling from a model
-        warnings.simplefilter("always")
-        assert kernel.usable(torch.device(DEVICE), torch.float32, 16) is True
-        assert kernel.usable(torch.device(DEVICE), torch.float32, 48) is False  # not built for this head size
-    assert not _usable_warnings(rec)
+def dv_without_identity_term(q, k, v, a, b, configs=None):  # out is right; dv misses a·dout
+    pv = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return a[:, None, None] * v.detach() + b[:, None, None] * pv
 
 
-def test_usable_warns_once_and_falls_back(monkeypatch):
-    monkeypatch.setattr(kernel, "_usable", {})
-    monkeypatch.setattr(kernel, "_fwd_kernel", _BrokenLaunch())
-    with pytest.warns(UserWarning, match=r"RuntimeError: simulated launch failure\); using SDPA instead") as rec:
-        assert kernel.usable(torch.device(DEVICE), torch.float32, 32) is False
+def b_sign_flipped(q, k, v, a, b, configs=None):  # a·v - b·P·v
+    return kernel.reference(q, k, v, a, -b)
+
+
+def nan_output(q, k, v, a, b, configs=None):
+    return kernel.reference(q, k, v, a, b) * float("nan")
+
+
+def slower(q, k, v, a, b, configs=None):  # right, but slower than SDPA + epilogue
+    time.sleep(0.02)
+    return kernel.reference(q, k, v, a, b)
+
+
+def racy():
+    """Right on its first run; its second run is 0.15% off (as a race between programs would be): within the
+    tolerance against float64, beyond what two runs of one kernel may differ by."""
+    calls = []
+
+    def fn(q, k, v, a, b, configs=None):
+        calls.append(1)
+        return (1.0 + 1.5e-3 * (len(calls) > 1)) * kernel.reference(q, k, v, a, b)
+    return fn
+
+
+@pytest.fixture
+def fresh_checks(monkeypatch):  # empty caches: every usable() and tune() checks and times afresh
+    monkeypatch.setattr(kernel, "_verified", {})
+    monkeypatch.setattr(kernel, "_tuned", {})
+
+
+def test_accuracy_passes_the_kernel():
+    """The real kernel (in the interpreter on a CPU) passes at a ragged T; every row has its tolerance."""
+    rows = kernel.accuracy(mix_attention, torch.device(DEVICE), torch.float32, 16, T=77)
+    assert [name for name, _, _ in rows[::2]] == ["out", "dq", "dk", "dv", "da", "db"]
+    assert [tol for _, _, tol in rows[:4]] == [2e-3, 1e-3, 5e-3, 2.5e-3] and kernel.failures(rows) == []
+
+
+@pytest.mark.parametrize("planted, caught", [
+    (one_percent_off, "out, dq, dk, dv, da, db"),  # the error is 1.0e-02 in each, above 2e-3 and 5e-3
+    (dv_without_identity_term, "dv"),
+    (nan_output, "out, out run twice, dq, dq run twice, dk, dk run twice, dv, dv run twice, da, "
+                 "da run twice, db, db run twice"),
+    (racy(), "out run twice"),
+])
+def test_accuracy_refuses_planted_kernels(planted, caught):
+    bad = kernel.failures(kernel.accuracy(planted, CPU, torch.float32, 16, T=70))
+    assert ", ".join(b.split(" error ")[0] for b in bad) == caught, bad
+    assert kernel.failures(kernel.accuracy(exact, CPU, torch.float32, 16, T=70)) == []
+
+
+def test_usable_refuses_a_wrong_kernel_warns_once_and_tune_says_so(fresh_checks):
+    shape = (2, 4, 64, 16)
+    message = (r"failed its float64 check on cpu, torch.float32, head size 16 \(config "
+               r"\(\(32, 16, 4, 1\), \(16, 32, 4, 1\)\): dv error .*\); using SDPA")
+    with pytest.warns(UserWarning, match=message) as rec:
+        assert kernel.usable(CPU, torch.float32, shape, kernel=dv_without_identity_term) is False
     assert len(rec) == 1 and "\n" not in str(rec[0].message)
-    with warnings.catch_warnings(record=True) as rec:  # the same key again: no second warning, same answer
-        warnings.simplefilter("always")
-        assert kernel.usable(torch.device(DEVICE), torch.float32, 32) is False
-    assert not _usable_warnings(rec)
-    (q, k, v, a, b), _ = make_inputs(1, 8, 32)
-    with pytest.raises(RuntimeError, match="simulated"):  # impl='triton' still fails loudly
-        mix_attention(q, k, v, a, b)
+    with warnings.catch_warnings():  # the same device, dtype and head size again: no second check, no warning
+        warnings.simplefilter("error")
+        assert kernel.usable(CPU, torch.float32, (8, 4, 300, 16), kernel=dv_without_identity_term) is False
+        assert kernel.tune(CPU, torch.float32, shape) is None
+        assert kernel.usable(CPU, torch.float32, (2, 4, 64, 48)) is False  # not built for this head size
 
 
-def test_usable_under_torch_compile(monkeypatch):
+def test_timing_refuses_a_slower_kernel(fresh_checks):
+    """A kernel that is right but slower than SDPA + epilogue: impl='auto' keeps SDPA, silently. Tuned once
+    per B·H and T rounded up to a power of 2."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel.usable(CPU, torch.float32, (2, 4, 70, 16), kernel=slower) is False
+        assert kernel.usable(CPU, torch.float32, (2, 4, 100, 16), kernel=slower) is False  # the same bucket
+        assert kernel.usable(CPU, torch.float32, (4, 4, 100, 16), kernel=slower) is False
+    assert sorted(key[4:] for key in kernel._tuned) == [(8, 128), (16, 128)]  # (B·H, T bucket)
+    assert set(kernel._tuned.values()) == {(kernel.SMALL, False)}
+    assert kernel.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20  # ms: its sleep is counted
+
+
+def test_mix_attention_raises_where_no_config_passes(fresh_checks, monkeypatch):
+    """impl='triton' on a GPU where every config fails its check: a clear error, not wrong numbers."""
+    (q, k, v, a, b), _ = make_inputs(1, 8, 16)
+    monkeypatch.setattr(kernel, "INTERPRET", False)  # the GPU path: configs come from tune()
+    monkeypatch.setattr(kernel, "_check_inputs", lambda *inputs: None)  # which would refuse CPU tensors now
+    monkeypatch.setattr(kernel, "tune", lambda device, dtype, shape: None)
+    with pytest.raises(ValueError, match=r"no launch config passed the float64 check on .*; use impl='sdpa'"):
+        kernel.mix_attention(q, k, v, a, b)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_no_check_or_timing_inside_cuda_graph_capture(fresh_checks):
+    x = torch.zeros(1, device="cuda")
+    graph, answers = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        x += 1
+        answers.append(kernel.usable(torch.device("cuda"), torch.float16, (1, 4, 64, 16)))
+        with pytest.raises(RuntimeError, match="inside CUDA-graph capture"):
+            kernel.tune(torch.device("cuda"), torch.float16, (1, 4, 64, 16))
+    assert answers == [False] and kernel._tuned == {} and kernel._verified == {}
+
+
+def test_usable_under_torch_compile(fresh_checks):
     """torch.compile calls usable() once while tracing and keeps the answer as a constant (no graph break)."""
-    monkeypatch.setattr(kernel, "_usable", {})
-
     def f(x):
-        return x * 2 if kernel.usable(x.device, x.dtype, x.shape[-1]) else x - 1
+        return x * 2 if kernel.usable(x.device, x.dtype, (1, 4, 64, 16)) else x - 1
 
-    x = torch.randn(3, 16, device=DEVICE)
+    kernel._tuned[kernel.tuning_key(CPU, torch.float32, (1, 4, 64, 16))] = (kernel.SMALL, True)  # right, fast
+    kernel._tuned[kernel.tuning_key(CPU, torch.float16, (1, 4, 64, 16))] = None  # no config passed
+    x = torch.randn(3, 16)
     assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x), x * 2)
-    monkeypatch.setattr(kernel, "_fwd_kernel", _BrokenLaunch())
     torch._dynamo.reset()
-    with pytest.warns(UserWarning, match="using SDPA instead"):  # a new key (fp16) meets the broken launch
-        assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x.half()), x.half() - 1)
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x.half()), x.half() - 1)
 
 # -----------------------------------------------------------------------------
 # Compiling for real GPUs (no GPU needed): every kernel in every launch config, for Hopper and Ampere.
@@ -339,14 +421,12 @@ def test_outputs_and_gradients_are_views_of_model_layout_memory():
         assert x.shape == (2, 4, 20, 16) and x.transpose(1, 2).is_contiguous()
 
 
-def test_launch_config_forced_by_tests(monkeypatch):
-    """FORCE_CONFIG really decides the launch (test_every_launch_config relies on it); else the interpreter's small
-    tiles. fp32 dots follow torch's TF32 switch, 16-bit ones always use tensor cores."""
+def test_launch_config_forced_by_tests():
+    """The interpreter's small, unequal tiles. fp32 dots follow torch's TF32 switch, 16-bit ones always use
+    tensor cores."""
     q = torch.zeros(1, 1, 8, 16)
-    if kernel.INTERPRET:  # on a GPU the configs are timed instead
-        assert kernel._pick("fwd", q, None) == (32, 16, 4, 1) and kernel._pick("bwd", q, None) == (16, 32, 4, 1)
-    monkeypatch.setattr(kernel, "FORCE_CONFIG", {"fwd": (128, 64, 8, 3), "bwd": (32, 128, 8, 2)})
-    assert kernel._pick("fwd", q, None) == (128, 64, 8, 3) and kernel._pick("bwd", q, None) == (32, 128, 8, 2)
+    if kernel.INTERPRET:  # on a GPU the configs are checked and timed instead
+        assert kernel.candidates(q.device, q.dtype, 16) == [((32, 16, 4, 1), (16, 32, 4, 1))]
     cfg = (64, 32, 4, 2)
     tf32 = torch.backends.cuda.matmul.allow_tf32  # served by __getattr__: monkeypatch cannot undo it
     try:
@@ -359,9 +439,62 @@ def test_launch_config_forced_by_tests(monkeypatch):
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def test_usable_refuses_a_kernel_that_gives_nan(monkeypatch):
-    """A kernel that runs but returns non-finite numbers is not usable: one warning, then SDPA."""
-    monkeypatch.setattr(kernel, "_usable", {})
-    monkeypatch.setattr(kernel, "mix_attention", lambda q, k, v, a, b: (q + k + v) * (a.sum() + b.sum()) * float("nan"))
-    with pytest.warns(UserWarning, match=r"FloatingPointError: non-finite output or gradient\); using SDPA instead"):
-        assert kernel.usable(torch.device(DEVICE), torch.float32, 16) is False
+def test_backward_checks_the_layout_of_pv_and_lse():
+    """The backward reads pv as (B, T, H, D) memory and lse as (B, H, T): other layouts are copied into these,
+    not misread, and wrong shapes are refused."""
+    (q, k, v, a, b), dout = make_inputs(1, 9, 16, seed=2)
+    _, pv, lse = kernel._mix_fwd(q, k, v, a, b, *SMALL)
+    want = kernel._mix_bwd(dout, q, k, v, a, b, pv, lse, SMALL[1])
+    lse_strided = lse.transpose(1, 2).contiguous().transpose(1, 2)
+    for other_pv, other_lse in ((pv.contiguous(), lse), (pv, lse_strided)):
+        for x, y in zip(kernel._mix_bwd(dout, q, k, v, a, b, other_pv, other_lse, SMALL[1]), want):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)  # dq's atomics may vary its last bits
+    with pytest.raises(ValueError, match=r"and lse \(1, 4, 9\), got .*, \(1, 4, 8\)$"):
+        kernel._mix_bwd(dout, q, k, v, a, b, pv, lse[..., :8], SMALL[1])
+
+# -----------------------------------------------------------------------------
+# python kernel.py: a pass/fail gate (kernel_check.py)
+
+GATE_CPU_PARTS = ["--tests=False", "--gpt2_steps=0", "--timing=False"]  # on a GPU: only the float64 checks
+
+
+def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
+    """The gate's exit status: 1 when the kernel under test is wrong, 0 when it is right (planted kernels, so
+    that this runs in seconds; `python kernel.py` on a CPU checks the real kernel in the interpreter)."""
+    import kernel_check
+    assert kernel_check.main(GATE_CPU_PARTS, fn=dv_without_identity_term) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| float", "| bfloat"))]  # a row per config
+    assert len(rows) >= 4 and all("| FAIL: dv error" in row for row in rows), out  # fp32, fp16; D = 64, 128
+    assert out.endswith("kernel check FAILED\n")
+    assert kernel_check.main(GATE_CPU_PARTS, fn=exact) == 0
+    assert capsys.readouterr().out.endswith("kernel check passed\n")
+    assert kernel_check.main(["--gpt2_steps=-1"], fn=exact) == 2
+    assert "gpt2_steps=-1 is not allowed" in capsys.readouterr().err
+
+
+def test_kernel_py_help_prints_help_and_checks_nothing():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "kernel.py", "--help"], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith('Fused causal "mix attention" in Triton')
+    settings = run.stdout.split("settings and their defaults:\n")[1].splitlines()
+    assert [line.split()[0] for line in settings] == ["--tests=True", "--gpt2_steps=3", "--timing=True"]
+
+
+def test_sdpa_backend_is_named():
+    import kernel_check
+    (q, k, v, _, _), _ = make_inputs(1, 16, 16)
+    assert kernel_check.sdpa_backend(q, k, v) not in ("", "unknown")
+
+
+def test_kernel_check_compares_training_steps(monkeypatch):
+    """The gate's GPT-2 comparison, on a tiny model: impl=triton and impl=sdpa train alike (fp16 with the
+    scaler; in the interpreter bf16 dots are wrong), and a kernel with b's sign flipped fails it."""
+    import kernel_check
+    tiny = dict(n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)
+    assert kernel_check.compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
+    monkeypatch.setattr(kernel, "mix_attention", b_sign_flipped)  # what the model's forward imports
+    assert not kernel_check.compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)

@@ -435,9 +435,7 @@ class _FakeQ:
     """Stands in for q in resolve_impl: a CUDA (or CPU) tensor of head size 16, without needing a GPU."""
     def __init__(self, cuda):
         self.is_cuda, self.device, self.dtype = cuda, torch.device("cuda:0" if cuda else "cpu"), torch.bfloat16
-
-    def size(self, dim):
-        return 16
+        self.shape = (2, 4, 8, 16)
 
 
 @pytest.mark.parametrize("impl, op, cuda, dropout_p, kernel_ok, want", [
@@ -457,7 +455,7 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     monkeypatch.setattr(kernel, "usable", lambda *key: asked.append(key) or kernel_ok)
     head_op = OPS[op](4, **OPS[op].controls)
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
-    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, 16)])  # asked about this device, dtype, head size
+    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
     monkeypatch.setitem(sys.modules, "kernel", None)  # triton not installed: `from kernel import usable` fails
     assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
 

@@ -318,8 +318,9 @@ def train(cfg, given=frozenset()):
 
     def next_batch(loader):
         x, y = loader.next_batch()
-        if device_type == "cuda":
-            return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+        if device_type == "cuda":  # x, y are views of one (B, T+1) buffer: each is pinned as a compact copy
+            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+            return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         return x.to(dev), y.to(dev)
 
     @torch.no_grad()
@@ -402,6 +403,11 @@ def train(cfg, given=frozenset()):
         say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} (context-free token frequencies)")
 
     # --- the training loop -----------------------------------------------------------------------------------------
+    if not cfg.eval_only:  # untimed warm-up: torch.compile compiles, impl='auto' checks and times the kernel
+        zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=dev)
+        with ctx:  # one forward and backward; its gradients are dropped, so no weight changes
+            model(zeros, zeros)[1].backward()
+        optimizer.zero_grad(set_to_none=True)
     t0, iter0 = time.time(), iter_num
     while True:
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
