@@ -57,6 +57,11 @@ def in_range(low, high):
     return rule
 
 
+# a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's per-iteration seeds
+# (seed + 1000003 × iter + rank) stay within the 64 bits torch.manual_seed takes
+SEED = in_range(0, 2**32)
+
+
 def nonempty(key, value):
     if not value.strip():
         raise ConfigError(f"{key} is empty: give a value")
@@ -208,6 +213,12 @@ def not_regular(path, mode):
     kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
     return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
                        "through a link)")
+
+
+def refuse_unless_regular(path):
+    """Raise the ConfigError of not_regular when path is there but is not a regular file."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
+        raise not_regular(path, os.lstat(path).st_mode)
 
 
 def open_regular(path, mode="rb", encoding=None):

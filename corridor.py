@@ -16,6 +16,7 @@ with δ = 1), and with --csv a table of the runs from which anyone can recompute
 A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
 import csv
+import io
 import json
 import math
 import os
@@ -25,8 +26,9 @@ import sys
 import numpy as np
 from scipy import stats
 
-from configurator import ConfigError, configure, nonempty
+from configurator import ConfigError, configure, nonempty, open_regular, read_regular
 from operators import OPS, all_controls
+from rundir import atomic_write
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
@@ -51,17 +53,18 @@ def load_run(path):
         raise ValueError(f"{path}: does not exist")
     if not os.path.isdir(path):
         raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
-    missing = [f for f in ("config.json", "log.jsonl") if not os.path.isfile(os.path.join(path, f))]
+    missing = [f for f in ("config.json", "log.jsonl") if not os.path.lexists(os.path.join(path, f))]
     if missing:
         raise ValueError(f"{path}: not a run directory, missing {' and '.join(missing)} (train.py writes them)")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            config = json.load(f)
+    try:  # train.py writes a few kB of flat settings
+        config = json.loads(read_regular(cfg_path, 1 << 20).decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ValueError(f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{cfg_path}: nested too deep to be the settings train.py writes") from None
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
     if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
@@ -74,17 +77,18 @@ def load_run(path):
         if not ok:
             raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if isinstance(default, bool) else 'number'}, "
                              f"not {value!r}")
-    with open(log_path, "rb") as f:  # bytes: a line that is not UTF-8 can then be named by its number
+    with open_regular(log_path) as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
     for k, (lineno, line) in enumerate(lines):
         try:
             rec = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             if k == len(lines) - 1:  # a run killed mid-write leaves half a line: keep everything before it
                 warnings.append(f"{log_path}:{lineno}: last line is cut off, skipped it")
                 continue
-            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON"
+            names = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "JSON nested too deep"}
+            what = names.get(type(e), "invalid JSON")
             raise ValueError(f"{log_path}:{lineno}: {what} in the middle of the log") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{log_path}:{lineno}: expected a JSON object")
@@ -400,7 +404,7 @@ def plot(runs, out_dir):
     def save(fig, fname):
         path = os.path.join(out_dir, fname)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
         paths.append(path)
 
@@ -549,10 +553,11 @@ def write_csv(runs, path):
     rows = [(setting_name(r["name"]), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
              start_commit(r)) for r in runs]
     rows.sort(key=lambda row: (row[0], str(type(row[1])), row[1], row[2]))  # type first: a missing seed sorts apart
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(CSV_COLUMNS)
-        writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
+    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
     return path
 
 

@@ -358,7 +358,9 @@ if __name__ == "__main__":
     import sys
     from configurator import ConfigError, configure, one_of
     try:
-        cfg, _ = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:  # its heads have no γ to set
+            raise ConfigError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
         demo(cfg.op, cfg.gamma)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -8,17 +8,26 @@ A run directory, as train.py writes it and sample.py and corridor.py read it:
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
-Every file is written to a temporary name and renamed, so a crash or a full disk never leaves a broken one.
+Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
+one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
+opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
 """
 import json
 import os
+import re
+import stat
 import subprocess
-from pathlib import Path
+import zipfile
 
 import filelock
 import torch
 
-from configurator import ConfigError
+from configurator import ConfigError, open_regular, read_regular, refuse_unless_regular
+from dataloader import check_meta
+from model import GPT, GPTConfig
+
+RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,
+KEPT_CHECKPOINT = re.compile(r"ckpt_\d{6,}\.pt")  # with the copies save_every keeps
 
 _held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor]) while this process holds it
 
@@ -70,18 +79,72 @@ def unlock_run_dir(out):
         lock.release()
 
 
+# -----------------------------------------------------------------------------
+# Regular files only: a link in a directory someone handed us must never lead a write (or a read) elsewhere
+
+
 def atomic_write(path, write):
-    """write(tmp_path), then rename: a crash or a full disk never leaves a broken file under the real name."""
-    tmp = path + ".tmp"
+    """write(f) into a new temporary file beside path (f: a binary file object), then rename it over path: a
+    crash or a full disk never leaves a broken file under the real name. The temporary gets a fresh random
+    name and is created exclusively (O_EXCL fails on anything already there, a link included); path itself,
+    if there, must be a regular file."""
+    refuse_unless_regular(path)
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")  # a name no one else has
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        with open_regular(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)  # replaces the name path, never a file a link might lead to
     except Exception as e:  # OSError, and torch.save's RuntimeError when the disk fills up mid-file
-        if os.path.isfile(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)
         kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else why(e)
         raise OSError(f"{reason} while writing {path}; {kept}") from None
+
+
+def is_run_file(name):
+    return name in RUN_FILES or KEPT_CHECKPOINT.fullmatch(name) is not None
+
+
+def is_temporary(name):
+    """Whether name is an atomic_write temporary (.NAME.HEX.tmp) of a run file (a kill -9 may leave one)."""
+    return name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
+
+
+def remove_temporaries(out_dir):
+    """Remove the temporaries a run killed mid-write left behind. Call it holding the lock: no one else
+    writes there."""
+    for name in os.listdir(out_dir):
+        if is_temporary(name):
+            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
+
+
+def check_run_dir(out_dir, resuming):
+    """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
+    RUN_FILES, as regular files, and its log before its config: so in a new run's directory anything else, a
+    config.json without a log.jsonl, or a lock that names no process, is someone else's (a Hugging Face model
+    folder, say). A resumed run's directory holds a checkpoint that passed its checks: other files there (the
+    figures corridor.py writes) are left alone."""
+    for name in RUN_FILES:
+        refuse_unless_regular(os.path.join(out_dir, name))
+    lock = os.path.join(out_dir, "lock")  # the one file written in place, never replaced: the run's alone
+    if os.path.lexists(lock) and os.lstat(lock).st_nlink > 1:
+        raise ConfigError(f"{lock} has other hard links, so writing it would change another file; remove it")
+    if resuming or holds_a_run(out_dir):  # a run that a new one must not overwrite: train.py says so
+        return
+    names = os.listdir(out_dir)
+    foreign = [n for n in sorted(names) if not is_run_file(n) and not is_temporary(n)]
+    if "config.json" in names and "log.jsonl" not in names:
+        foreign.append("config.json")
+    if "lock" in names:
+        marker = read_regular(os.path.join(out_dir, "lock"), 4096).decode(errors="replace").strip()
+        if marker and not marker.splitlines()[0].strip().isdigit():  # a run's lock starts with its process id
+            foreign.append("lock")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(f"out_dir={out_dir!r} holds files that no run wrote ({shown}); a run writes only "
+                          "into a new or empty directory or its own: choose another --out_dir")
 
 
 def holds_a_run(out_dir):
@@ -90,9 +153,9 @@ def holds_a_run(out_dir):
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
-    if not os.path.isfile(log):
+    if not os.path.lexists(log):
         return False
-    with open(log, encoding="utf-8", errors="replace") as f:  # stray bytes in a log: still a log
+    with open_regular(log) as f:  # stray bytes in a log: still a log
         return any(line.strip() and not is_start_record(line) for line in f)
 
 
@@ -105,11 +168,12 @@ def is_start_record(line):
 
 
 def save_checkpoint(path, ckpt):
-    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def save_config(out_dir, settings):
-    atomic_write(os.path.join(out_dir, "config.json"), lambda tmp: Path(tmp).write_text(json.dumps(settings, indent=1)))
+    text = json.dumps(settings, indent=1)
+    atomic_write(os.path.join(out_dir, "config.json"), lambda f: f.write(text.encode()))
 
 
 # what a checkpoint holds, and the type of each entry: checked before anything uses it
@@ -117,15 +181,34 @@ CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": 
               "tokens": int, "loader": dict, "meta": dict, "config": dict}
 
 
+def check_zip(f, path):
+    """torch.save writes a zip archive of stored (uncompressed) records, so loading one takes no more memory
+    than the file's size. Refuse anything else before torch.load reads it: records that declare more bytes
+    than the whole file are compressed (0.7 MB can inflate to 512 MiB), and torch's older, pre-zip format
+    allocates whatever sizes its pickle declares."""
+    try:
+        declared = sum(info.file_size for info in zipfile.ZipFile(f).infolist())
+    except Exception as e:  # zipfile.BadZipFile, and whatever a mangled directory raises
+        raise ConfigError(f"checkpoint {path} cannot be read safely ({type(e).__name__}): it is not the "
+                          "zip archive torch.save writes: it is corrupt or not a checkpoint") from None
+    size = os.fstat(f.fileno()).st_size
+    if declared > size:
+        raise ConfigError(f"checkpoint {path} declares {declared:,} bytes of records in a file of {size:,}: "
+                          "it would inflate when loaded (torch.save never writes that); not read")
+    f.seek(0)
+
+
 def load_checkpoint(path):
-    if not os.path.isfile(path):
+    if not os.path.lexists(path) or stat.S_ISDIR(os.lstat(path).st_mode):
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
-    try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is corrupt, "
-                          "not a nanoCorridor checkpoint, or carries code") from None
+    with open_regular(path) as f:
+        check_zip(f, path)
+        try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
+            ckpt = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is "
+                              "corrupt, not a nanoCorridor checkpoint, or carries code") from None
     missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
     if missing:
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
@@ -133,13 +216,108 @@ def load_checkpoint(path):
     if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
         raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({', '.join(wrong) or 'loader, config'}); "
                           "it comes from another version or was edited")
+    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
+    if ckpt["iter_num"] < 0 or ckpt["tokens"] < 0 or not ckpt["best_val_loss"] >= 0:  # inf: none saved yet
+        counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
+        raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
+                          "it was edited")
     return ckpt
+
+
+def why(e):
+    """An exception in a few words: its type and the first line of its message."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
+
+
+def few(names):
+    """The first three names, and ... when there are more."""
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+def model_from_checkpoint(ckpt, **changes):
+    """The GPT a checkpoint holds (changes: settings that are not part of the weights, like dropout), checked
+    before anything uses it; train.py and sample.py both load through here. GPTConfig checks the settings;
+    the weights must then be exactly the model's: every name, each tensor's shape, a floating dtype, finite
+    values.
+    The shapes are read from a model built on the meta device, which holds shapes but no data, so settings far
+    beyond the weights (a block_size of 10¹²) cost nothing. n_layer is the one setting whose cost is Python
+    objects, not tensors: it must match the layers the weights have before any model is built."""
+    weights = ckpt["model"]
+    try:
+        config = GPTConfig(**{**ckpt["model_args"], **changes})
+        if not all(isinstance(k, str) for k in weights):
+            raise TypeError("the weights' names must be strings")
+        layers = {k.split(".")[2] for k in weights if k.startswith("transformer.h.") and k.count(".") >= 3}
+        if len(layers) != config.n_layer:
+            raise ValueError(f"n_layer={config.n_layer!r} but the weights have {len(layers)} layers")
+        with torch.device("meta"):
+            shapes = {k: t.shape for k, t in GPT(config).state_dict().items()}
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"the checkpoint does not fit this code ({why(e)})") from None
+    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
+    wrong = [k for k in sorted(set(shapes) & set(weights)) if not (
+        isinstance(weights[k], torch.Tensor) and weights[k].layout == torch.strided
+        and weights[k].is_floating_point() and weights[k].shape == shapes[k])]
+    for what, names in (("lack", missing), ("have unexpected", unexpected),
+                        ("have the wrong shape or dtype in", wrong)):
+        if names:
+            raise ConfigError(f"the checkpoint does not fit this code (its weights {what} {few(names)}); "
+                              "it comes from another version or was edited")
+    model = GPT(config)
+    model.load_state_dict(weights)
+    not_finite = [k for k, t in model.state_dict().items() if not torch.isfinite(t).all()]
+    if not_finite:
+        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
+                          "use an earlier checkpoint of the run")
+    return model
+
+
+ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW (amsgrad off) keeps per parameter
+
+
+def adamw_entry_fits(entry, param, iter_num):
+    """Whether one parameter's saved AdamW state is a step count in [0, iter_num] and two finite moments
+    shaped like the parameter (exp_avg_sq ≥ 0): what the fused optimizer assumes without checking."""
+    if not (isinstance(entry, dict) and set(entry) == ADAMW_STATE):
+        return False
+    step, moments = entry["step"], (entry["exp_avg"], entry["exp_avg_sq"])
+    if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
+               and m.shape == param.shape and m.is_contiguous() for m in moments):
+        return False
+    if not (isinstance(step, torch.Tensor) and step.shape == ()):
+        return False
+    if not (step.is_floating_point() or step.dtype == torch.int64):
+        return False
+    return 0 <= step.item() <= iter_num and step.item() == int(step.item()) and \
+        all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all())
+
+
+def load_optimizer_state(optimizer, ckpt):
+    """Restore AdamW's moments from a checkpoint, each entry checked first against its parameter (a moment of
+    the wrong shape crashes the fused optimizer). The param groups keep the settings optimizer was built with
+    (weight decay, betas, lr_scale): this run's, given now or kept from the checkpoint, and in config.json.
+    load_state_dict alone would bring back the saved groups' settings and drop the ones given on resume."""
+    saved, built = ckpt["optimizer"], optimizer.state_dict()
+    state, groups = saved.get("state"), saved.get("param_groups")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    same_groups = isinstance(groups, list) and all(isinstance(g, dict) for g in groups) and \
+        [g.get("params") for g in groups] == [g["params"] for g in built["param_groups"]]
+    if not (isinstance(state, dict) and same_groups):
+        raise ConfigError("the checkpoint's optimizer state does not fit this model (other parameter "
+                          "groups); it comes from another version or was edited")
+    for i, entry in state.items():  # keyed by the parameter's place in the groups
+        known = type(i) is int and 0 <= i < len(params)
+        if not (known and adamw_entry_fits(entry, params[i], ckpt["iter_num"])):
+            raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry of "
+                              f"parameter {i!r} must hold a step in [0, iter_num] and two finite moments "
+                              "shaped like the parameter); it comes from another version or was edited")
+    optimizer.load_state_dict({"state": state, "param_groups": built["param_groups"]})
 
 
 def trim_log(path, iter_num):
     """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
     the one history that the resumed run continues. Only a last line cut off by a crash may be unreadable."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     keep = []
     for n, line in enumerate(lines, 1):
@@ -152,7 +330,7 @@ def trim_log(path, iter_num):
             raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line, then resume") from None
         if before:
             keep.append(line.rstrip(b"\n") + b"\n")
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(b"".join(keep)))
+    atomic_write(path, lambda f: f.write(b"".join(keep)))
 
 
 def git_commit():
@@ -172,9 +350,11 @@ class RunLog:
 
     def __init__(self, out_dir, resume_iter=None, wandb_run=None):
         path = os.path.join(out_dir, "log.jsonl")
-        if resume_iter is not None and os.path.exists(path):
+        if resume_iter is None:
+            atomic_write(path, lambda f: None)  # a new run starts a new, empty log
+        elif os.path.lexists(path):
             trim_log(path, resume_iter)
-        self.file = open(path, "w" if resume_iter is None else "a")
+        self.file = open_regular(path, "ab+")
         self.wandb = None
         if wandb_run is not None:  # also send the numbers to Weights & Biases: wandb.init's arguments
             import wandb  # lazy: optional
@@ -182,7 +362,7 @@ class RunLog:
             wandb.init(**wandb_run)
 
     def write(self, record):
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write((json.dumps(record) + "\n").encode())
         self.file.flush()
         if self.wandb is not None and record["event"] in ("train", "eval"):
             self.wandb.log(wandb_numbers(record), step=record["iter"])

@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-from configurator import ConfigError, at_least, configure, optional
-from model import GPT, GPTConfig
+from configurator import SEED, ConfigError, at_least, configure, optional
+from model import GPT
 from operators import OPS, all_controls
 from prepare_data import get_tokenizer
-from rundir import load_checkpoint
+from rundir import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
@@ -32,7 +32,18 @@ DEFAULTS = dict(
     op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
     **all_controls(),
 )
-RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=at_least(0.0), seed=at_least(0),
+
+
+def temperature_rule(key, value):
+    """0, or at least 0.001: dividing the logits by less overflows them to inf (and sampling from them to
+    NaN), while at 0.001 sampling already picks the most likely token nearly always, as 0 does exactly."""
+    at_least(0.0)(key, value)
+    if value != 0 and value < 1e-3:
+        raise ConfigError(f"{key}={value!r} is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
+    return value
+
+
+RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
              top_k=optional(int, at_least(1)))
 
 
@@ -40,6 +51,8 @@ def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:"):]
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):  # would hang or never end
+        raise ConfigError(f"--start=FILE:{path}: not a regular file (a FIFO or a device); give a text file")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
@@ -64,8 +77,7 @@ def sample(cfg, given=frozenset()):
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): a checkpoint's op "
                               "is fixed; drop it")
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-        model = GPT(GPTConfig(**{**ckpt["model_args"], "impl": "auto"}))
-        model.load_state_dict(ckpt["model"])
+        model = model_from_checkpoint(ckpt, impl="auto")  # train.py's checks of the weights
         encode, decode = get_tokenizer(ckpt["meta"])
     else:  # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest default)
         controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}

@@ -446,8 +446,8 @@ def test_locking_again_in_one_process_and_unlocking_releases(workdir, capsys):
     (MemoryError(), "MemoryError: "),  # no message at all
 ])
 def test_a_failed_first_write_leaves_nothing(workdir, error, reason):
-    def fail(tmp):
-        open(tmp, "wb").write(b"half a file")
+    def fail(f):  # atomic_write hands the callback the temporary, opened
+        f.write(b"half a file")
         raise error
     with pytest.raises(OSError) as e:
         rundir.atomic_write("new.json", fail)
@@ -553,9 +553,8 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
      "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),
 ])
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(finished_run, monkeypatch, error, words):
-    def full_disk(obj, path, *args, **kwargs):
-        with open(path, "wb") as f:
-            f.write(b"half a checkpoint")
+    def full_disk(obj, f, *args, **kwargs):  # f: the temporary, opened by atomic_write
+        f.write(b"half a checkpoint")
         raise error
     good = open(f"{finished_run}/ckpt.pt", "rb").read()
     monkeypatch.setattr(rundir.torch, "save", full_disk)
@@ -575,11 +574,12 @@ class RunsCode:
 
 
 GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val_loss": 4.0, "tokens": 64, "loader":
-        {"epoch": 0, "shard": 0, "pos": 8}, "meta": {}, "config": {"init_from": "scratch"}}
+        {"epoch": 0, "shard": 0, "pos": 8}, "meta": {"tokenizer": "byte", "vocab_size": 256},
+        "config": {"init_from": "scratch"}}
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"not a checkpoint", "cannot be read safely (UnpicklingError)"),
+    (b"not a checkpoint", "cannot be read safely (BadZipFile): it is not the zip archive torch.save writes"),
     ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
     ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
     ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),

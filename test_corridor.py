@@ -511,7 +511,7 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
                               "the eval at iter 0 does not follow the one at iter 0"),
     "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
     "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
-                          "run_s0: Is a directory"),
+                          "run_s0 is a folder, not a regular file"),
 }
 
 

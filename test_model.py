@@ -366,7 +366,7 @@ def test_demo_prints_operator_and_identity(capsys):
     assert torch.allclose(M[0].sum(-1), torch.full((M.size(-1),), 0.5, dtype=M.dtype))
     out = capsys.readouterr().out
     assert "row sums" in out and "corridor identity" in out
-    p = subprocess.run([sys.executable, "model.py", "--op=laplacian", "--gamma=-0.3"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "model.py", "--op=laplacian"], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.abspath(__file__)))  # the classroom command itself
     assert p.returncode == 0 and "op=laplacian: head 3 of layer 0" in p.stdout, p.stderr
 

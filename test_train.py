@@ -134,6 +134,7 @@ def test_learning_rate_when_warmup_ends_where_decay_ends():
 ])
 def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, bf16, mps, picked):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8 if cuda else 0)  # cuda:3 is there
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert pick_device_and_dtype(parse_config(args)[0], local_rank) == picked
@@ -308,9 +309,9 @@ if os.environ.get("KILL_IN_SAVE"):
     def save(obj, f, *args, **kwargs):
         saves.append(f)
         if len(saves) == 2:
-            real_save(obj, f, *args, **kwargs)
-            with open(f, "r+b") as g:
-                g.truncate(os.path.getsize(f) // 2)
+            real_save(obj, f, *args, **kwargs)  # f: the temporary file atomic_write opened
+            f.truncate(f.tell() // 2)
+            f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         real_save(obj, f, *args, **kwargs)
     torch.save = save

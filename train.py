@@ -28,14 +28,15 @@ from dataclasses import asdict, fields
 import torch
 
 import hellaswag
-from configurator import ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
+from configurator import SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
 from dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
 from hardware import keep_freed_memory
 from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared, get_tokenizer, token_bytes
-from rundir import (RunLog, git_commit, holds_a_run, load_checkpoint, lock_run_dir, save_checkpoint, save_config,
-                    unlock_run_dir)
+from rundir import (RunLog, check_run_dir, git_commit, holds_a_run, load_checkpoint, load_optimizer_state,
+                    lock_run_dir, model_from_checkpoint, remove_temporaries, save_checkpoint, save_config,
+                    unlock_run_dir, why)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -100,9 +101,37 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
              learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
              beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
-             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=in_range(0, 2**32), out_dir=nonempty,
+             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=SEED, out_dir=nonempty,
              dataset=nonempty, device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
              dtype=one_of("auto", "float32", "bfloat16", "float16"))
+# a resumed run keeps how it began, but the local folder it was fine-tuned from may have moved since
+RESUME_RULES = {**RULES, "init_from": nonempty}
+
+
+class RankError(ConfigError):
+    """A failure of this process alone (its environment, its device): it says so itself, whatever its rank."""
+
+
+USE_TORCHRUN = "start DDP runs with torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE (or unset RANK)"
+
+
+def ddp_env():
+    """(rank, local_rank, world_size) from the environment torchrun sets, or (0, None, 1) outside torchrun."""
+    if "RANK" not in os.environ:
+        return 0, None, 1
+    values = []
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        text = os.environ.get(key)
+        if text is None:
+            raise RankError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
+        if not text.strip().isdigit():
+            raise RankError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
+        values.append(int(text))
+    rank, local_rank, world_size = values
+    if not local_rank <= rank < world_size:
+        raise RankError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
+                        f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
+    return rank, local_rank, world_size
 
 
 def defaults():
@@ -140,6 +169,9 @@ def pick_device_and_dtype(cfg, local_rank):
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if not available[device_type]:
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; use --device=cpu")
+    if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
+        raise RankError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
+                        "no more processes per node than it has GPUs")
     dt = cfg.dtype
     if dt == "auto":
         dt = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
@@ -166,17 +198,15 @@ def build_model(cfg, given, meta, ckpt):
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout, impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
+    elif ckpt is not None:
+        model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE})
     else:
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's, padded to a multiple of 64
-        args = {**ckpt["model_args"], **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE}} if ckpt is not None else \
-            dict(vocab_size=vocab, controls=controls, **{k: getattr(cfg, k) for k in MODEL_KEYS})
         try:
-            model = GPT(GPTConfig(**args))
-            if ckpt is not None:
-                model.load_state_dict(ckpt["model"])
-        except (TypeError, RuntimeError, MemoryError) as e:  # a checkpoint from another version, a model too large
-            what = "the checkpoint does not fit this code" if ckpt is not None else "the model cannot be built"
-            raise ConfigError(f"{what} ({type(e).__name__}: {str(e).splitlines()[0][:150]})") from None
+            settings = {k: getattr(cfg, k) for k in MODEL_KEYS}
+            model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **settings))
+        except (TypeError, RuntimeError, MemoryError) as e:  # a model too large for this machine
+            raise ConfigError(f"the model cannot be built ({why(e)})") from None
     built = {**{k: getattr(model.config, k) for k in MODEL_KEYS}, **model.config.controls}
     source = "checkpoint" if ckpt is not None else "pretrained model"
     for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
@@ -192,16 +222,20 @@ def build_model(cfg, given, meta, ckpt):
 
 def train(cfg, given=frozenset()):
     # --- set-up: the checkpoint to continue, processes, device ---------------------------------------------------
-    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
+    ckpt_path, ckpt, changed = os.path.join(cfg.out_dir, "ckpt.pt"), None, []
+    rank, local_rank, world_size = ddp_env()
+    ddp = local_rank is not None  # started by torchrun
     if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
         ckpt = load_checkpoint(ckpt_path)
         for k, v in ckpt["config"].items():  # a resumed run keeps its settings and how it began, except those given now
-            if k in vars(cfg) and (k == "init_from" or k not in given) and k not in ("out_dir", "eval_only"):
-                setattr(cfg, k, check(k, v, defaults(), RULES))
+            if k not in vars(cfg) or k in ("out_dir", "eval_only"):
+                continue
+            if k == "init_from" or k not in given:
+                setattr(cfg, k, check(k, v, defaults(), RESUME_RULES))
+            elif getattr(cfg, k) != v:
+                changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
         if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
             raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
-    ddp = "RANK" in os.environ  # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE
-    rank, local_rank, world_size = [int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")] if ddp else (0, None, 1)
     if cfg.gradient_accumulation_steps % world_size:
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
                           f"the number of processes ({world_size})")
@@ -257,14 +291,16 @@ def train(cfg, given=frozenset()):
         rendered = [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
     iter_num, best_val_loss, tokens, resuming = 0, float("inf"), 0, ckpt is not None
     if resuming:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(optimizer, ckpt)
         iter_num, best_val_loss, tokens = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["tokens"]
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
     if writes:  # everything checked: from here on this process owns out_dir
         try:
             os.makedirs(cfg.out_dir, exist_ok=True)
+            check_run_dir(cfg.out_dir, resuming)  # before the lock: nothing is written into others' folders
             lock_run_dir(cfg.out_dir)
+            remove_temporaries(cfg.out_dir)
         except OSError as e:
             raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; choose another --out_dir") from None
         if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing there
@@ -351,14 +387,16 @@ def train(cfg, given=frozenset()):
                                      "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
 
     # --- logging -------------------------------------------------------------------------------------------------
-    if writes:
-        save_config(cfg.out_dir, vars(cfg))
+    if writes:  # the log first: a config.json without a log is not a run's (see rundir.check_run_dir)
         wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg)) if cfg.wandb_log else None
         run_log = RunLog(cfg.out_dir, resume_iter=iter_num if resuming else None, wandb_run=wandb_run)
+        save_config(cfg.out_dir, vars(cfg))
         run_log.write({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__,
                        "device": dev, "dtype": dt, "world_size": world_size})
     log = run_log.write if writes else lambda record: None
     say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
+    if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
+        say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
     say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
         f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
     if master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # small enough to count quickly
@@ -429,7 +467,12 @@ def main(argv=None):
     try:
         return train(*parse_config(sys.argv[1:] if argv is None else argv))
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
-        sys.exit(f"error: {e}" if int(os.environ.get("RANK", 0)) == 0 else 1)  # the same line from every rank: once
+        rank = os.environ.get("RANK", "0")
+        if rank == "0":
+            sys.exit(f"error: {e}")
+        # every rank reads the same settings and files: such an error is said once, by rank 0
+        shared = isinstance(e, ValueError) and not isinstance(e, RankError)
+        sys.exit(1 if shared else f"error: rank {rank}: {e}")
     except KeyboardInterrupt:
         sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")
 

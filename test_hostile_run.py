@@ -1,0 +1,332 @@
+"""
+Run directories and checkpoints handed to us by someone else: links and special files in a run directory, a
+folder that is not a run's, checkpoints built to crash or exhaust memory, a torchrun environment set by hand,
+and settings given on resume. Each must give one line and touch nothing outside the run directory.
+
+    python -m pytest -q test_hostile_run.py
+"""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import corridor
+import rundir
+import sample
+import train
+from configurator import ConfigError, open_regular, read_regular
+from test_bad_inputs import HERE, TINY, one_line_error, train_error
+from test_bad_inputs import finished_run, workdir  # noqa: F401 (fixtures)
+
+RESUME = ["--init_from=resume", "--max_iters=4"]
+
+
+def edit_checkpoint(run, edit):
+    ckpt = torch.load(f"{run}/ckpt.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, f"{run}/ckpt.pt")
+
+
+def train_process(*args, env=None, timeout=120):
+    """train.py in its own process: a crash (a segfault) or a hang must not take the test process with it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *TINY, *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def assert_one_line(p, words):
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert p.stderr.startswith("error: ")
+    assert words in p.stderr, p.stderr
+
+
+# --- links and special files in a run directory -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["lock", "log.jsonl", "config.json", "ckpt.pt"])  # all that a run writes
+def test_a_link_in_a_run_directory_is_refused_and_its_target_untouched(finished_run, name):
+    os.rename(f"{finished_run}/{name}", f"victim_{name}")
+    before = open(f"victim_{name}", "rb").read()
+    os.symlink(os.path.abspath(f"victim_{name}"), f"{finished_run}/{name}")
+    assert f"{finished_run}/{name} is a symbolic link, not a regular file" in train_error(
+        f"--out_dir={finished_run}", *RESUME)
+    assert open(f"victim_{name}", "rb").read() == before
+
+
+def test_a_link_named_lock_in_a_new_run_directory_is_refused(workdir):
+    open("victim", "w").write("precious")
+    os.makedirs("out/new")
+    os.symlink(os.path.abspath("victim"), "out/new/lock")
+    assert "out/new/lock is a symbolic link, not a regular file" in train_error("--out_dir=out/new")
+    assert open("victim").read() == "precious"
+
+
+def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
+    open("victim", "w").write("precious")
+    os.remove(f"{finished_run}/lock")
+    os.link("victim", f"{finished_run}/lock")  # the lock is written in place: through a second name, too
+    assert f"{finished_run}/lock has other hard links" in train_error(f"--out_dir={finished_run}", *RESUME)
+    assert open("victim").read() == "precious"
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt.tmp", "config.json.tmp", "log.jsonl.tmp"])
+def test_links_planted_where_temporaries_once_were_are_never_written_through(finished_run, name):
+    open("victim", "w").write("precious")
+    os.symlink(os.path.abspath("victim"), f"{finished_run}/{name}")
+    train.main(TINY + [f"--out_dir={finished_run}", *RESUME])  # temporaries: fresh names, created exclusively
+    assert open("victim").read() == "precious" and os.path.islink(f"{finished_run}/{name}")
+    assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
+
+
+def test_a_fifo_as_the_log_is_refused_not_waited_on(finished_run):
+    os.remove(f"{finished_run}/log.jsonl")
+    os.mkfifo(f"{finished_run}/log.jsonl")
+    assert_one_line(train_process(f"--out_dir={finished_run}", *RESUME, timeout=60),
+                    f"{finished_run}/log.jsonl is a FIFO (named pipe), not a regular file")
+
+
+def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
+    open("file", "w").write("text")
+    os.symlink("file", "link")
+    os.mkfifo("fifo")
+    os.makedirs("folder")
+    assert open_regular("file").read() == b"text"
+    kinds = (("link", "a symbolic link"), ("fifo", r"a FIFO \(named pipe\)"), ("folder", "a folder"),
+             ("/dev/zero", "a device"))
+    for path, kind in kinds:
+        with pytest.raises(ConfigError, match=f"^{path} is {kind}, not a regular file"):
+            open_regular(path)
+    with pytest.raises(ConfigError, match="file is larger than 3 bytes"):
+        read_regular("file", 3)
+
+
+def test_corridor_never_writes_a_figure_through_a_link(finished_run, capsys):
+    open("victim.png", "wb").write(b"precious")
+    os.symlink(os.path.abspath("victim.png"), f"{finished_run}/val_loss.png")
+    assert corridor.main([finished_run]) == 1
+    assert f"{finished_run}/val_loss.png is a symbolic link" in capsys.readouterr().err
+    assert open("victim.png", "rb").read() == b"precious"
+
+
+def test_corridor_on_a_deeply_nested_config(finished_run, capsys):
+    open(f"{finished_run}/config.json", "w").write("[" * 100_000 + "]" * 100_000)
+    assert corridor.main([finished_run]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {finished_run}/config.json: nested too deep to be the settings train.py writes\n"
+
+
+# --- a folder that is not a run's ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("files", [
+    {"config.json": '{"model_type": "gpt2"}'},  # someone's: a run writes its log before its config
+    {"config.json": '{"model_type": "gpt2"}', "model.safetensors": "weights"},  # a Hugging Face model folder
+    {"notes.txt": "mine"},
+    {"lock": "held by a backup"},  # a run's lock holds a process id, or nothing
+])
+def test_a_folder_holding_files_no_run_wrote_is_refused_untouched(workdir, files):
+    os.makedirs("theirs")
+    for name, text in files.items():
+        open(f"theirs/{name}", "w").write(text)
+    assert "out_dir='theirs' holds files that no run wrote" in train_error("--out_dir=theirs")
+    assert {name: open(f"theirs/{name}").read() for name in os.listdir("theirs")} == files
+
+
+def test_fine_tuning_into_the_pretrained_folder_is_refused(workdir):
+    transformers = pytest.importorskip("transformers")
+    from dataloader import write_shard
+    config = transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=2, vocab_size=100)
+    hf = transformers.GPT2LMHeadModel(config)
+    hf.save_pretrained("tiny-gpt2")
+    before = {name: open(f"tiny-gpt2/{name}", "rb").read() for name in os.listdir("tiny-gpt2")}
+    os.makedirs("data/tok")
+    for split, n in (("val", 0), ("train", 1)):
+        write_shard(f"data/tok/tok_{split}_00000{n}.bin", torch.randint(0, 100, (4000,)).numpy())
+    json.dump({"name": "tok", "tokenizer": "gpt2", "vocab_size": 100}, open("data/tok/meta.json", "w"))
+    assert "out_dir='tiny-gpt2' holds files that no run wrote" in train_error(
+        "--init_from=tiny-gpt2", "--dataset=tok", "--out_dir=tiny-gpt2")
+    assert {name: open(f"tiny-gpt2/{name}", "rb").read() for name in os.listdir("tiny-gpt2")} == before
+
+
+def test_an_empty_folder_and_a_run_killed_while_starting_are_ours(workdir):
+    os.makedirs("out/empty")
+    train.main(TINY + ["--out_dir=out/empty"])
+    os.makedirs("out/killed")
+    open("out/killed/lock", "w").write("4242")  # killed between taking the lock and writing its log
+    open("out/killed/.ckpt.pt.0123abcd.tmp", "w").write("half")  # killed inside a save
+    train.main(TINY + ["--out_dir=out/killed"])
+    assert '"event": "done"' in open("out/killed/log.jsonl").read()
+    assert not os.path.exists("out/killed/.ckpt.pt.0123abcd.tmp")  # removed under the lock
+
+
+def test_what_counts_as_a_runs_temporary():
+    """A kill -9 mid-write leaves .NAME.HEX.tmp; the next run removes those of run files, and nothing else."""
+    assert rundir.is_temporary(".ckpt.pt.0123abcd.tmp")
+    assert rundir.is_temporary(".ckpt_000100.pt.0123abcd.tmp")
+    assert not rundir.is_temporary("ckpt.pt.tmp") and not rundir.is_temporary(".notes.txt.0123abcd.tmp")
+
+
+def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
+    edit_checkpoint(finished_run, lambda ckpt: ckpt["config"].update(init_from="/gone/tiny-gpt2"))
+    train.main(TINY + [f"--out_dir={finished_run}", *RESUME])
+    assert json.load(open(f"{finished_run}/config.json"))["init_from"] == "/gone/tiny-gpt2"  # how it began
+
+
+# --- settings given on resume run ---------------------------------------------------------------------------
+
+
+def test_optimizer_settings_given_on_resume_reach_the_optimizer(finished_run, capsys):
+    given = ["--weight_decay=0.0", "--beta2=0.5", "--op_lr_scale=10"]
+    train.main(TINY + [f"--out_dir={finished_run}", *RESUME, *given])
+    assert ("resumed with settings changed from the checkpoint's: max_iters=4 (was 2), weight_decay=0.0 "
+            "(was 0.1), beta2=0.5 (was 0.95), op_lr_scale=10.0 (was 1.0)") in capsys.readouterr().out
+    groups = torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.0, 0.0, 0.0]
+    assert [g["betas"] for g in groups] == [(0.9, 0.5)] * 3 and groups[2]["lr_scale"] == 10.0
+    config = json.load(open(f"{finished_run}/config.json"))
+    assert (config["weight_decay"], config["beta2"], config["op_lr_scale"]) == (0.0, 0.5, 10.0)
+
+
+# --- hostile checkpoints ------------------------------------------------------------------------------------
+
+
+def test_adamw_moments_of_the_wrong_shape_are_refused_not_a_crash(finished_run):
+    def shrink(ckpt):
+        entry = ckpt["optimizer"]["state"][0]
+        entry["exp_avg"], entry["exp_avg_sq"] = torch.zeros(3), torch.zeros(3)
+    edit_checkpoint(finished_run, shrink)
+    assert_one_line(train_process(f"--out_dir={finished_run}", *RESUME),
+                    "the checkpoint's optimizer state does not fit this model (the entry of parameter 0 ")
+
+
+def set_state(key, value):
+    def edit(ckpt):
+        ckpt["optimizer"]["state"][1][key] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit, words", [
+    (set_state("step", torch.tensor(-1.0)), "the entry of parameter 1 "),
+    (set_state("step", torch.tensor(1e9)), "the entry of parameter 1 "),  # more steps than iterations
+    (set_state("exp_avg_sq", torch.full((16, 32), -1.0)), "the entry of parameter 1 "),
+    (set_state("exp_avg", torch.full((16, 32), float("nan"))), "the entry of parameter 1 "),
+    (set_state("exp_avg", torch.zeros(16, 32, dtype=torch.int64)), "the entry of parameter 1 "),
+    (set_state("exp_avg", torch.zeros(1).expand(16, 32)), "the entry of parameter 1 "),  # overlapping memory
+    (set_state("max_exp_avg_sq", torch.zeros(16, 32)), "the entry of parameter 1 "),
+    (lambda ckpt: ckpt["optimizer"]["state"].update({99: {}}), "the entry of parameter 99 "),
+    (lambda ckpt: ckpt["optimizer"]["param_groups"].pop(), "other parameter groups"),
+])
+def test_optimizer_states_that_do_not_fit_the_parameters_are_refused(finished_run, edit, words):
+    edit_checkpoint(finished_run, edit)
+    assert "the checkpoint's optimizer state does not fit this model (" + words in train_error(
+        f"--out_dir={finished_run}", *RESUME)
+
+
+def test_a_checkpoint_inflating_beyond_its_file_is_refused(finished_run):
+    with zipfile.ZipFile(f"{finished_run}/ckpt.pt") as z:
+        records = [(info, z.read(info)) for info in z.infolist()]
+    with zipfile.ZipFile(f"{finished_run}/ckpt.pt", "w", zipfile.ZIP_DEFLATED) as z:
+        for info, data in records:
+            z.writestr(info.filename, data)
+        z.writestr(records[0][0].filename.split("/")[0] + "/data/bomb", bytes(32 << 20))  # 32 MiB in ~32 kB
+    assert "declares" in train_error(f"--out_dir={finished_run}", *RESUME)
+    assert "bytes of records in a file of" in one_line_error(sample.main, [f"--out_dir={finished_run}"])
+
+
+def break_weights(ckpt, key, value):
+    ckpt["model"][key] = value
+
+
+WPE = "transformer.wpe.weight"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: break_weights(c, WPE, torch.full((16, 32), float("nan"))), "not finite (NaN or inf in " + WPE),
+    (lambda c: break_weights(c, WPE, torch.zeros(16, 32, dtype=torch.int64)), "shape or dtype in " + WPE),
+    (lambda c: break_weights(c, WPE, torch.zeros(8, 32)), "wrong shape or dtype in " + WPE),
+    (lambda c: c["model"].pop(WPE), "its weights lack " + WPE),
+    (lambda c: break_weights(c, "extra.weight", torch.zeros(1)), "its weights have unexpected extra.weight"),
+    (lambda c: c["model_args"].update(bogus=1), "does not fit this code (TypeError"),
+    (lambda c: c["model_args"]["controls"].update(bogus=1), "bogus is not a control of op='mix'"),
+    (lambda c: c["model_args"].update(block_size=10**12), "shape or dtype in " + WPE),  # costs no memory
+    (lambda c: c["model_args"].update(n_layer=10**9), "n_layer=1000000000 but the weights have 1 layers"),
+    (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
+])
+def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finished_run, edit, words):
+    edit_checkpoint(finished_run, edit)
+    line = one_line_error(sample.main, [f"--out_dir={finished_run}"])
+    assert words in line
+    assert train_error(f"--out_dir={finished_run}", *RESUME) == line  # one check, shared
+
+
+@pytest.mark.parametrize("entry, value", [("iter_num", -1), ("tokens", -64), ("best_val_loss", float("nan"))])
+def test_impossible_counts_are_refused(finished_run, entry, value):
+    edit_checkpoint(finished_run, lambda ckpt: ckpt.update({entry: value}))
+    line = train_error(f"--out_dir={finished_run}", *RESUME)
+    assert "counts and losses are never negative (nor NaN)" in line
+
+
+# --- sample.py's and model.py's settings --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg, words", [
+    ("--temperature=1e-300", "temperature=1e-300 is not allowed: give 0 (greedy) or a temperature ≥ 0.001"),
+    ("--seed=18446744073709551616",
+     "seed=18446744073709551616 is not allowed: it must be in [0, 4294967296)"),
+])
+def test_sample_settings_that_would_overflow(finished_run, arg, words):
+    assert one_line_error(sample.main, [f"--out_dir={finished_run}", arg]) == f"error: {words}"
+
+
+def test_a_prompt_file_that_never_ends_is_refused(finished_run):
+    os.mkfifo("prompt")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), f"--out_dir={finished_run}",
+                        "--start=FILE:prompt"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr == "error: --start=FILE:prompt: not a regular file (a FIFO or a device); give a text " \
+                       "file\n"
+
+
+def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
+    demo = [sys.executable, os.path.join(HERE, "model.py")]
+    p = subprocess.run(demo + ["--op=attention", "--gamma=-0.9"], capture_output=True, text=True)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr == "error: gamma is not a control of op='attention'; drop it or choose an op with a γ\n"
+    p = subprocess.run(demo + ["--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "Classroom demo" in p.stdout and "--gamma=-0.5" in p.stdout
+
+
+# --- the torchrun environment -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"RANK": "0"}, "error: RANK is set but LOCAL_RANK is not; start DDP runs with torchrun"),
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "0"}, "error: RANK=0, LOCAL_RANK=0, WORLD_SIZE=0: a "),
+    ({"RANK": "abc", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}, "error: rank abc: RANK='abc' is not a whole "),
+    ({"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "1"},
+     "error: rank 1: RANK=1, LOCAL_RANK=0, WORLD_SIZE=1: a process needs LOCAL_RANK ≤ RANK < WORLD_SIZE"),
+])
+def test_a_torchrun_environment_set_by_hand_gets_one_line(workdir, monkeypatch, env, words):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert train_error().startswith(words)
+
+
+def test_a_failure_of_one_rank_is_said_by_that_rank(workdir, monkeypatch):
+    for key, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(key, value)
+    def disk_gone(cfg, local_rank):
+        raise OSError(f"rank {local_rank}'s disk is gone")
+    monkeypatch.setattr(train, "pick_device_and_dtype", disk_gone)
+    assert train_error("--gradient_accumulation_steps=2") == "error: rank 1: rank 1's disk is gone"
+
+
+def test_a_gpu_this_node_lacks_is_that_ranks_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(train.RankError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
+        train.pick_device_and_dtype(train.parse_config(["--device=cuda", "--dtype=float32"])[0], 2)
