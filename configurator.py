@@ -106,9 +106,12 @@ def check(key, value, defaults, rules):
 def parse_value(text, default):
     try:
         value = literal_eval(text)
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):  # e.g. {[1]: 2}, or nested too deep
-        return text  # a bare word: --op=mix
-    return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024 is text
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return text  # a bare word (--op=mix), or not a value: {[1]: 2}, or nested too deep
+    if isinstance(default, str) and not isinstance(value, str):
+        return text  # --out_dir=2024 is text
+    return value
+
 
 
 def configure(defaults, argv, rules=None, files=True, help_from=()):

@@ -56,7 +56,7 @@ class GPTConfig:
     dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
-    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset ones take defaults
+    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset: defaults
     impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
     # GPT-2 was trained with the tanh approximation, so its imported weights need it; a model trained from
     # scratch does not care, and the exact GELU is the faster one on CPUs
@@ -82,7 +82,8 @@ class GPTConfig:
         for key in self.controls:
             if key not in Op.controls:
                 has = ", ".join(Op.controls) or "none"
-                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); drop it or change op")
+                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); "
+                                 "drop it or change op")
         self.controls = {**Op.controls, **self.controls}
         Op.check(self.n_head, self.controls)
 
@@ -91,7 +92,8 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.n_head, self.n_embd, self.dropout, self.impl = config.n_head, config.n_embd, config.dropout, config.impl
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.dropout, self.impl = config.dropout, config.impl
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v projections
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -100,7 +102,8 @@ class CausalSelfAttention(nn.Module):
     def qkv(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
+        hs = C // self.n_head
+        return [t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
 
     def forward(self, x, cache=None):
         """x: (B, T, C). cache, only while generating: a dict of this layer's keys and values of the context.
@@ -121,7 +124,8 @@ class CausalSelfAttention(nn.Module):
         elif impl == "materialized":
             y = operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash attention
+            # P·V, flash attention
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
             y = self.op(v, y)  # (a·I + b·P)·V: the one new line
         if cache == {}:  # the prompt: keep its keys and values for the tokens to come
             cache.update(k=k, v=v)
@@ -184,13 +188,15 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding=True):
-        """Trainable parameters (frozen γ/δ are buffers, not counted); minus position embeddings by default."""
+        """Trainable parameters (frozen γ/δ are buffers, not counted); minus position embeddings by
+        default."""
         n = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per layer,
-        all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
+        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per
+        layer, all empty (idx is the prompt) or all holding the keys and values of the positions before
+        idx."""
         B, T = idx.size()
         t0 = 0  # the position of idx's first token: after those already cached
         if cache and cache[0]:
@@ -219,8 +225,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def gamma_delta(self):
-        """Effective (γ, δ) of every head, each (n_layer, n_head): a·I + b·P = δ(γI + P) with γ = a/b, δ = b."""
-        a, b = (torch.stack(t).float().cpu() for t in zip(*(op.coefficients() for op in self.head_operators())))
+        """Effective (γ, δ) of every head, each (n_layer, n_head): a·I + b·P = δ(γI + P) with γ = a/b,
+        δ = b."""
+        coefficients = [op.coefficients() for op in self.head_operators()]  # one (a, b) per layer
+        a, b = (torch.stack(t).float().cpu() for t in zip(*coefficients))
         return a / b, b
 
     def project(self):
@@ -230,20 +238,25 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, op_lr_scale=1.0):
         """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on norms, biases or the
-        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale", which
-        the training loop applies): Adam moves each by about its lr per step, too little to see when fine-tuning."""
+        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale",
+        which the training loop applies): Adam moves each by about its lr per step, too little to see when
+        fine-tuning."""
         op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2 and id(p) not in op_params], "weight_decay": 0.0},
-                  {"params": [p for p in params if id(p) in op_params], "weight_decay": 0.0, "lr_scale": op_lr_scale}]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2 and id(p) not in op_params]
+        op_scalars = [p for p in params if id(p) in op_params]
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0},
+                  {"params": op_scalars, "weight_decay": 0.0, "lr_scale": op_lr_scale}]
         groups = [g for g in groups if g["params"]]
         for g in groups:
             g["lr"] = learning_rate * g.get("lr_scale", 1.0)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
-        """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown devices."""
+        """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown
+        devices."""
         peak = hardware.peak_flops(self.lm_head.weight.device)
         if peak is None:
             return None
@@ -295,19 +308,23 @@ class GPT(nn.Module):
             hf = GPT2LMHeadModel.from_pretrained(name_or_path)
         except OSError as e:
             if os.path.isdir(name_or_path):
-                raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' save_pretrained "
-                                 f"({e.__class__.__name__}: it lacks a GPT-2 config.json or weights)") from None
-            raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub ({e.__class__.__name__}); "
+                raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' "
+                                 f"save_pretrained ({e.__class__.__name__}: it lacks a GPT-2 config.json "
+                                 "or weights)") from None
+            raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub "
+                             f"({e.__class__.__name__}); "
                              "offline, pass a local directory saved with save_pretrained instead") from None
         c = hf.config
-        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                           n_embd=c.n_embd, bias=True, gelu="tanh", op=op, controls=controls or {},
+        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
+                           n_head=c.n_head, n_embd=c.n_embd, bias=True, gelu="tanh", op=op,
+                           controls=controls or {},
                            dropout=dropout, impl=impl)
         model = cls(config)
         sd, sd_hf = model.state_dict(), hf.state_dict()
         # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]  # the operators' scalars are ours
+        # the operators' scalars are ours
+        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]
         if missing:
             raise ValueError(f"{name_or_path!r} is not a GPT-2 checkpoint: it lacks {missing[0]}")
         for key, w in sd_hf.items():
@@ -315,7 +332,8 @@ class GPT(nn.Module):
                 continue  # e.g. the causal-mask buffers that older transformers versions saved
             w = w.t() if key.endswith(transposed) else w
             if w.shape != sd[key].shape:
-                raise ValueError(f"pretrained tensor {key} has shape {tuple(w.shape)}, expected {tuple(sd[key].shape)}")
+                raise ValueError(f"pretrained tensor {key} has shape {tuple(w.shape)}, "
+                                 f"expected {tuple(sd[key].shape)}")
             with torch.no_grad():
                 sd[key].copy_(w)
         return model
@@ -340,17 +358,22 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
     gamma_h, delta_h = model.gamma_delta()
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
-    print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma_h[0, h]:.3f}, δ = {delta_h[0, h]:.3f}")
+    gamma, delta = gamma_h[0, h], delta_h[0, h]
+    print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma:.3f}, δ = {delta:.3f}")
     print(f"its {T}×{T} operator (row i mixes the values v_0..v_i of the positions it may see):")
     print(M[h])
-    print("row sums:", M[h].sum(-1), f"  (each row of δ(γI + P) sums to δ(1 + γ) = {delta_h[0, h] * (1 + gamma_h[0, h]):.3f})")
+    print("row sums:", M[h].sum(-1),
+          f"  (each row of δ(γI + P) sums to δ(1 + γ) = {delta * (1 + gamma):.3f})")
+
 
     # the convex corridor: for γ in (-1, 0), δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P)
     g, d = -0.3, 1.7
     P = causal_softmax(q, k)[0, 0]  # (T, T)
     I = torch.eye(T, dtype=P.dtype)
     lhs, rhs = d * (g * I + P), d * (abs(g) * (P - I) + (1 - abs(g)) * P)
-    print(f"corridor identity at γ={g}, δ={d}: max |δ(γI+P) - δ(|γ|(P-I) + (1-|γ|)P)| = {(lhs - rhs).abs().max():.1e}")
+    print(f"corridor identity at γ={g}, δ={d}: max |δ(γI+P) - δ(|γ|(P-I) + (1-|γ|)P)| = "
+          f"{(lhs - rhs).abs().max():.1e}")
+
     return M
 
 

@@ -51,7 +51,8 @@ def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:"):]
-    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):  # would hang or never end
+    # a FIFO or a device would hang or never end
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
         raise ConfigError(f"--start=FILE:{path}: not a regular file (a FIFO or a device); give a text file")
     try:
         with open(path, encoding="utf-8") as f:
@@ -69,13 +70,16 @@ def sample(cfg, given=frozenset()):
         device = None
     if device is None or device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"device={cfg.device!r} is not a device to sample on; use cpu, cuda, cuda:N or mps")
-    if device.type == "cuda" and not torch.cuda.is_available() or device.type == "mps" and not torch.backends.mps.is_available():
+    cuda_missing = device.type == "cuda" and not torch.cuda.is_available()
+    mps_missing = device.type == "mps" and not torch.backends.mps.is_available()
+    if cuda_missing or mps_missing:
         raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
     op_settings = sorted(given & {"op", *all_controls()})
     if cfg.init_from == "resume":
         if op_settings:
-            raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): a checkpoint's op "
-                              "is fixed; drop it")
+            raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "
+                              "a checkpoint's op is fixed; drop it")
+
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
         model = model_from_checkpoint(ckpt, impl="auto")  # train.py's checks of the weights
         encode, decode = get_tokenizer(ckpt["meta"])

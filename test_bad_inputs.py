@@ -62,7 +62,8 @@ def finished_run(workdir):
     (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps=0 is not allowed"),
     (["--max_iters=-5"], "max_iters=-5 is not allowed: it must be ≥ 1"),
     (["--seed=-1"], "seed=-1 is not allowed: it must be in [0, 4294967296)"),
-    (["--seed=1180591620717411303424"], "seed=1180591620717411303424 is not allowed: it must be in [0, 4294967296)"),
+    (["--seed=1180591620717411303424"], "seed=1180591620717411303424 is not allowed: it must be in [0, "
+                                        "4294967296)"),
     (["--learning_rate=1e400"], "learning_rate=inf is not allowed: it must be a finite number"),
     (["--dataset="], "dataset is empty"),
     (["--beta2=1.0"], "beta2=1.0 is not allowed: it must be in [0.0, 1.0)"),
@@ -80,7 +81,8 @@ def finished_run(workdir):
     (["--learning_rate=False"], "learning_rate=False is not allowed: it must be a number"),
     (["--learning_rate=fast"], "learning_rate='fast' is not allowed: it must be a number"),
     (["--decay_lr=yes"], "decay_lr='yes' is not allowed: it must be True or False"),
-    (["--eval_only=1"], "eval_only=1 is not allowed: it must be True or False"),  # a falsy default is typed too
+    # a falsy default is typed too
+    (["--eval_only=1"], "eval_only=1 is not allowed: it must be True or False"),
     (["--wandb_log=0"], "wandb_log=0 is not allowed: it must be True or False"),
     (["--dropout=abc"], "dropout='abc' is not allowed: it must be a number"),
     (["--gamma_init=abc"], "gamma_init='abc' is not allowed: it must be a number"),
@@ -95,10 +97,12 @@ def finished_run(workdir):
     (["--op"], "argument '--op' must look like --key=value"),
     (["config/nope.py"], "config file 'config/nope.py' not found"),
     (["--block_size=100000000000"], "the model cannot be built (RuntimeError: "),
-    (["--dataset=nothing_here"], "dataset data/nothing_here does not exist; prepare it with `python prepare_data.py"),
+    (["--dataset=nothing_here"], "dataset data/nothing_here does not exist; prepare it with `python "
+                                 "prepare_data.py"),
     (["--init_from=resume", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--eval_only=True", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
-    (["--init_from=gpt2"], "init_from='gpt2' needs GPT-2 tokens but dataset 'pydocs' uses the 'char' tokenizer; "
+    (["--init_from=gpt2"], "init_from='gpt2' needs GPT-2 tokens but dataset 'pydocs' uses the 'char' "
+                           "tokenizer; "
                            "prepare it with --tokenizer=gpt2"),
 ])
 def test_bad_settings(workdir, args, words):
@@ -137,7 +141,8 @@ def test_a_config_file_may_define_helpers_and_import(workdir):
     (workdir / "tools.py").write_text("import math\nfrom os.path import join\n_scale = 3\n"
                                       "def layers(k):\n    return k * _scale\n"
                                       "class Plan:\n    pass\n"
-                                      "n_layer = layers(2)\nout_dir = join('out', 'x')\nlearning_rate = 1e-3 * math.floor(1.5)\n")
+                                      "n_layer = layers(2)\nout_dir = join('out', 'x')\nlearning_rate = 1e-3 "
+                                      "* math.floor(1.5)\n")
     c, given = train.parse_config(["tools.py"])
     assert (c.n_layer, c.out_dir, c.learning_rate) == (6, "out/x", 1e-3)
     assert given == {"n_layer", "out_dir", "learning_rate"}
@@ -166,9 +171,11 @@ def test_a_falsy_default_still_fixes_the_type(key, value, words):
     ("log_interval", "1", 1, "0", "log_interval=0 is not allowed: it must be ≥ 1"),
     ("eval_iters", "1", 1, "0", "eval_iters=0 is not allowed: it must be ≥ 1"),
     ("max_iters", "1", 1, "0", "max_iters=0 is not allowed: it must be ≥ 1"),
-    ("gradient_accumulation_steps", "1", 1, "0", "gradient_accumulation_steps=0 is not allowed: it must be ≥ 1"),
+    ("gradient_accumulation_steps", "1", 1, "0", "gradient_accumulation_steps=0 is not allowed: it must be "
+                                                 "≥ 1"),
     ("warmup_iters", "0", 0, "-1", "warmup_iters=-1 is not allowed: it must be ≥ 0"),
-    ("learning_rate", "0", 0.0, "-1e-09", "learning_rate=-1e-09 is not allowed: it must be ≥ 0.0"),  # 0: a float
+    # 0: a float
+    ("learning_rate", "0", 0.0, "-1e-09", "learning_rate=-1e-09 is not allowed: it must be ≥ 0.0"),
     ("min_lr", "0", 0.0, "-1e-09", "min_lr=-1e-09 is not allowed: it must be ≥ 0.0"),
     ("weight_decay", "0", 0.0, "-1e-09", "weight_decay=-1e-09 is not allowed: it must be ≥ 0.0"),
     ("grad_clip", "0", 0.0, "-1e-09", "grad_clip=-1e-09 is not allowed: it must be ≥ 0.0"),
@@ -176,19 +183,25 @@ def test_a_falsy_default_still_fixes_the_type(key, value, words):
     ("beta1", "0", 0.0, "-0.01", "beta1=-0.01 is not allowed: it must be in [0.0, 1.0)"),
     ("beta1", "0.999", 0.999, "1", "beta1=1.0 is not allowed: it must be in [0.0, 1.0)"),
     ("beta2", "0.0", 0.0, "-0.01", "beta2=-0.01 is not allowed: it must be in [0.0, 1.0)"),
-    ("seed", "4294967295", 4294967295, "4294967296", "seed=4294967296 is not allowed: it must be in [0, 4294967296)"),
+    ("seed", "4294967295", 4294967295, "4294967296", "seed=4294967296 is not allowed: it must be in [0, "
+                                                     "4294967296)"),
     ("lr_decay_iters", "1", 1, "0", "lr_decay_iters=0 is not allowed: it must be ≥ 1"),
     ("lr_decay_iters", "None", None, "'10'", "lr_decay_iters='10' is not allowed: it must be an integer"),
     ("compile", "None", None, "'yes'", "compile='yes' is not allowed: it must be True or False"),
-    ("device", "cuda:12", "cuda:12", "cuda:", "device='cuda:' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
+    ("device", "cuda:12", "cuda:12", "cuda:", "device='cuda:' is not allowed: use auto, cpu, mps, cuda or "
+                                              "cuda:N"),
     ("device", "mps", "mps", "cuda:x", "device='cuda:x' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
     ("device", "cpu", "cpu", "cpu:0", "device='cpu:0' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
-    ("dtype", "bfloat16", "bfloat16", "bf16", "dtype='bf16' is not allowed: choose one of auto, float32, bfloat16, float16"),
-    ("init_from", "gpt2-xl", "gpt2-xl", "gpt2-xxl", "init_from='gpt2-xxl' is not allowed: use scratch, resume, gpt2, "
+    ("dtype", "bfloat16", "bfloat16", "bf16", "dtype='bf16' is not allowed: choose one of auto, float32, "
+                                              "bfloat16, float16"),
+    ("init_from", "gpt2-xl", "gpt2-xl", "gpt2-xxl", "init_from='gpt2-xxl' is not allowed: use scratch, "
+                                                    "resume, gpt2, "
      "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
-    ("init_from", HERE, HERE, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "  # a directory
+    # a directory
+    ("init_from", HERE, HERE, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "
      "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
-    ("dataset", "2024", "2024", "''", "dataset is empty: give a value"),  # a text setting keeps numbers as text
+    # a text setting keeps numbers as text
+    ("dataset", "2024", "2024", "''", "dataset is empty: give a value"),
 ])
 def test_the_boundaries_of_train_settings(key, ok, value, bad, words):
     """The last allowed value is taken, with its setting's type; the first one past it is refused by name."""
@@ -217,7 +230,8 @@ def test_the_command_line_beats_config_files_wherever_it_stands(workdir):
     c, given = train.parse_config(["--n_layer=5", "a.py", "b.py", "--wandb_run_name=None", "--lr_decay_iters=None",
                                    "--op=laplacian"])
     assert (c.n_layer, c.n_head, c.batch_size) == (5, 4, 5)
-    assert (c.wandb_run_name, c.lr_decay_iters, c.op) == ("None", None, "laplacian")  # text stays text; bare words
+    # text stays text; bare words
+    assert (c.wandb_run_name, c.lr_decay_iters, c.op) == ("None", None, "laplacian")
     assert given == {"n_layer", "n_head", "batch_size", "wandb_run_name", "lr_decay_iters", "op"}
 
 
@@ -246,7 +260,8 @@ def test_help_lists_every_setting_and_exits_0(monkeypatch, capsys, flag):
 
 @pytest.mark.parametrize("arg, line", [
     ("--zzzz=1", "error: unknown setting 'zzzz'; python SCRIPT --help lists them all"),
-    ("--learnin_rate=1", "error: unknown setting 'learnin_rate'; did you mean learning_rate, learn_gamma, learn_delta?"),
+    ("--learnin_rate=1", "error: unknown setting 'learnin_rate'; did you mean learning_rate, learn_gamma, "
+                         "learn_delta?"),
 ])
 def test_unknown_settings_suggest_up_to_three_or_point_at_help(workdir, arg, line):
     assert train_error(arg) == line
@@ -349,7 +364,8 @@ def test_a_run_without_its_checkpoint_is_not_overwritten_either(finished_run):
     log = open(f"{finished_run}/log.jsonl").read()
     assert "already holds a run" in train_error(f"--out_dir={finished_run}")
     assert open(f"{finished_run}/log.jsonl").read() == log
-    open(f"{finished_run}/log.jsonl", "wb").write(b"\xff\xfe not a log train.py wrote\n")  # nor is a broken one
+    # nor is a broken one
+    open(f"{finished_run}/log.jsonl", "wb").write(b"\xff\xfe not a log train.py wrote\n")
     assert "already holds a run" in train_error(f"--out_dir={finished_run}")
 
 
@@ -404,7 +420,8 @@ def test_the_lock_file_names_its_holder(workdir):
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys):
     os.makedirs("out/busy")
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open('out/busy/lock', 'a+'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('ready', flush=True); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('ready', "
+                               "flush=True); "
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -519,7 +536,8 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
     log = rundir.RunLog(".")
     log.write({"event": "start", "iter": 0})
     log.write({"event": "train", "iter": 1})
-    assert open("log.jsonl").read() == '{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n'  # not closed yet
+    # not closed yet
+    assert open("log.jsonl").read() == '{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n'
     log.write({"event": "train", "iter": 2})
     log.file.close()
     resumed = rundir.RunLog(".", resume_iter=1)
@@ -549,7 +567,8 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
 
 @pytest.mark.parametrize("error, words", [
     (OSError(errno.ENOSPC, "No space left on device"), "No space left on device"),
-    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),  # torch.save's
+    # torch.save's
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),
      "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),
 ])
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(finished_run, monkeypatch, error, words):
@@ -587,7 +606,8 @@ GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val
     ({**GOOD, "model_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 103},
       "meta": None}, "has entries this train.py did not write (meta)"),
     ({"model": {}}, "lacks best_val_loss, config, iter_num, loader, meta, model_args, optimizer"),
-    ({"model": RunsCode()}, "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor checkpoint, or carries code"),
+    ({"model": RunsCode()}, "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "
+                            "checkpoint, or carries code"),
 ])
 def test_bad_checkpoints(workdir, content, words):
     os.makedirs("out/bad")
@@ -667,7 +687,8 @@ def test_sample_on_a_cpu_only_machine(finished_run):
     (["--iters=0"], "iters=0 is not allowed: it must be ≥ 1"),
     (["--block_sizes=128,"], "block_sizes='128,' is not allowed: give integers like 128,256"),
     (["--block_sizes=1.5"], "block_sizes='1.5' is not allowed: give integers like 128,256"),
-    (["bench_config.py"], "unexpected argument 'bench_config.py': settings look like --key=value"),  # no config files
+    # no config files
+    (["bench_config.py"], "unexpected argument 'bench_config.py': settings look like --key=value"),
 ])
 def test_bench_bad_inputs(args, words):
     assert words in one_line_error(bench.main, ["--iters=1", "--repeats=1", *args])

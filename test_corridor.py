@@ -102,7 +102,8 @@ def test_seed_groups_mean_std(tmp_path):
     assert attn["val_mean"] == pytest.approx(2.1) and attn["val_std"] == pytest.approx(0.141421, abs=1e-6)
     assert attn["deep_mean"] is None
     assert mix["vs_attention"] == pytest.approx(-0.2)
-    assert mix["paired"] == pytest.approx([-0.2, -0.3])  # seeds 0 and 1 have an attention run; seed 2 has none
+    # seeds 0 and 1 have an attention run; seed 2 has none
+    assert mix["paired"] == pytest.approx([-0.2, -0.3])
     assert mix["paired_mean"] == pytest.approx(-0.25) and mix["paired_std"] == pytest.approx(0.0707107, abs=1e-6)
     assert groups[0]["val_std"] is None  # one run: no sample std
 
@@ -222,13 +223,15 @@ def test_paired_stats_by_hand():
     assert (s["n_pairs"], s["paired_mean"], s["paired_std"]) == (3, -2.0, 1.0)
     assert s["t"] == pytest.approx(-2 * 3 ** 0.5)
     assert s["ci"] == pytest.approx((-2 - 4.302653 / 3 ** 0.5, -2 + 4.302653 / 3 ** 0.5), abs=1e-6)
-    assert s["p_t"] == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)  # df = 2: p = 1 − |t|/√(2 + t²) = 0.074180
+    # df = 2: p = 1 − |t|/√(2 + t²) = 0.074180
+    assert s["p_t"] == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)
     assert (s["k_lower"], s["p_sign"]) == (3, 0.25)
     s = corridor.paired_stats([0.0, -1.0, -2.0])  # a tie does not count for the sign test: 2 of 2 lower
     assert (s["k_lower"], s["p_sign"]) == (2, 0.5)
     s = corridor.paired_stats([-1.0, -2.0, 3.0])  # mean 0: t = 0, p = 1
     assert s["paired_mean"] == 0.0 and s["t"] == 0.0 and s["p_t"] == pytest.approx(1.0)
-    s = corridor.paired_stats([-1.0] * 7 + [1.0])  # exact sign test: P(7 or more of 8, either way) = 2·9/2⁸
+    # exact sign test: P(7 or more of 8, either way) = 2·9/2⁸
+    s = corridor.paired_stats([-1.0] * 7 + [1.0])
     assert (s["k_lower"], s["p_sign"]) == (7, 2 * 9 / 2 ** 8)
 
 
@@ -236,7 +239,8 @@ def test_paired_stats_undefined_cases():
     s = corridor.paired_stats([-0.5])  # one seed: a mean and a sign, no spread
     assert (s["paired_mean"], s["k_lower"], s["p_sign"]) == (-0.5, 1, 1.0)
     assert s["paired_std"] is s["ci"] is s["t"] is s["p_t"] is None
-    s = corridor.paired_stats([2.1 - 2.0, 2.2 - 2.1, 2.3 - 2.2])  # "equal" differences: float noise ~1e-16 only
+    # "equal" differences: float noise ~1e-16 only
+    s = corridor.paired_stats([2.1 - 2.0, 2.2 - 2.1, 2.3 - 2.2])
     assert s["paired_mean"] == pytest.approx(0.1) and s["ci"] is s["t"] is s["p_t"] is None
     assert s["p_sign"] == 0.25 and s["k_lower"] == 0
     s = corridor.paired_stats([])
@@ -268,7 +272,8 @@ def test_the_numbers_docs_quote():
 
 # --- paired comparison with attention: which runs pair, and what the seed-group table prints
 
-TWO_LAYERS = {"gamma": [[-0.5] * 4, [-0.5, -0.5, 0.5, 0.5]], "delta": [[1.0] * 4] * 2}  # half inside beyond L1
+# half inside beyond L1
+TWO_LAYERS = {"gamma": [[-0.5] * 4, [-0.5, -0.5, 0.5, 0.5]], "delta": [[1.0] * 4] * 2}
 ZEROS = {"gamma": [[0.0] * 4] * 2, "delta": [[1.0] * 4] * 2}
 
 
@@ -312,14 +317,16 @@ def test_baseline_has_the_same_config_apart_from_op_and_controls(tmp_path):
         ("mix_s0", "mix", 0, 1.9, {}), ("mix_s1", "mix", 1, 2.05, {}),
         ("mixL_s0", "mix", 0, 1.45, long), ("mixL_s1", "mix", 1, 1.4, long),
         ("fixed_s1", "mix", 1, 2.0, {"gamma_init": -0.5, "learn_gamma": False, "learn_delta": False}),
-        ("wide_s0", "mix", 0, 1.8, {"n_embd": 256})])]  # an experiment key differs: no attention run to pair with
+        # an experiment key differs: no attention run to pair with
+        ("wide_s0", "mix", 0, 1.8, {"n_embd": 256})])]
     c = corridor.compare(runs)
     short_mix, long_mix = group(c, "mix"), group(c, "mix lr_decay_iters=3600 max_iters=3600")
     assert short_mix["paired"] == pytest.approx([-0.1, -0.05])
     assert long_mix["paired"] == pytest.approx([-0.05, -0.2])
     assert long_mix["vs_attention"] == pytest.approx(1.425 - 1.55)
     fixed = group(c, "mix gamma_init=-0.5 learn_delta=False learn_gamma=False")
-    assert fixed["paired"] == pytest.approx([-0.1]) and fixed["paired_seeds"] == [1]  # controls differ: still paired
+    # controls differ: still paired
+    assert fixed["paired"] == pytest.approx([-0.1]) and fixed["paired_seeds"] == [1]
     wide = group(c, "mix n_embd=256")
     assert wide["paired"] == [] and wide["vs_attention"] is None and wide["paired_mean"] is None
     assert corridor.group_cells(wide)[3:8] == ["n/a"] * 5
@@ -345,7 +352,8 @@ def test_unfinished_run_is_not_paired(tmp_path, capsys, no_figures):
     dirs = [make_run(tmp_path, "attn_s0", op="attention", val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
             make_run(tmp_path, "attn_s1", op="attention", seed=1, val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
             make_run(tmp_path, "mix_s0", val=(3.0, 1.9, 1.8), max_iters=200, **TWO_LAYERS),
-            make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]  # still running
+            # still running
+            make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]
     mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
     assert mix["n"] == 2 and mix["paired"] == pytest.approx([-0.2]) and mix["paired_seeds"] == [0]
     assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
@@ -362,19 +370,24 @@ def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
     line = error_line(capsys, [a, b])
     assert line == f"error: {a} and {b}: same config and seed 0 (one run twice, or a rerun); pass only one of them"
     attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
-    attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)  # two baselines for seed 0
+    # two baselines for seed 0
+    attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)
     assert f"error: {attn} and {attn2}: same config and seed 0" in error_line(capsys, [attn, attn2])
 
 
 def test_csv_one_row_per_run(tmp_path, capsys, no_figures):
     start = {"event": "start", "iter": 0, "commit": "0123abc"}
     dirs = [make_run(tmp_path, "mix_fixed_gamma_s10", seed=10, val=(3.0, 1.4137812345678913), head=[start],
-                     tail=json.dumps({"event": "start", "iter": 100, "commit": "fffffff"}) + "\n"),  # resumed later
+                     # resumed later
+                     tail=json.dumps({"event": "start", "iter": 100, "commit": "fffffff"}) + "\n"),
             make_run(tmp_path, "mix_fixed_gamma_s2", seed=2, val=(3.0, 2.5, 1.25), head=[start]),
-            make_run(tmp_path, "attention_s0", op="attention", val=(3.0, 2.0), **ZEROS),  # older log: no start record
-            make_run(tmp_path, "demo", seed=1337, val=(3.0,), head=[dict(start, commit=None)]),  # not a git checkout
+            # older log: no start record
+            make_run(tmp_path, "attention_s0", op="attention", val=(3.0, 2.0), **ZEROS),
+            # not a git checkout
+            make_run(tmp_path, "demo", seed=1337, val=(3.0,), head=[dict(start, commit=None)]),
             make_run(tmp_path, "mix_s1x", seed=1, val=(3.0, 2.0 / 3),  # not a _s<seed> suffix: kept
-                     tail=json.dumps({"event": "train", "iter": 150, "loss": 0.5}) + "\n")]  # trained past its last eval
+                     # trained past its last eval
+                     tail=json.dumps({"event": "train", "iter": 150, "loss": 0.5}) + "\n")]
     path = tmp_path / "runs.csv"
     assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
     assert path.read_text() == ("setting,seed,iters,val_loss,commit\n"
@@ -411,8 +424,10 @@ def curve_runs(tmp_path, attention=True):
     fixed = {"learn_gamma": False, "learn_delta": False}
     specs = [("fixed_s0", 0, 1.9, {"gamma_init": -0.5, **fixed}), ("fixed_s1", 1, 2.05, {"gamma_init": -0.5, **fixed}),
              ("plus_s0", 0, 2.2, {"gamma_init": 0.3, **fixed}),
-             ("halfdelta_s0", 0, 1.0, {"gamma_init": -0.9, "delta_init": 0.5, **fixed}),  # δ ≠ 1: not on the curve
-             ("start_s0", 0, 1.8, {"gamma_init": -0.9}),  # learned from γ = −0.9: not a "learned mix" marker
+             # δ ≠ 1: not on the curve
+             ("halfdelta_s0", 0, 1.0, {"gamma_init": -0.9, "delta_init": 0.5, **fixed}),
+             # learned from γ = −0.9: not a "learned mix" marker
+             ("start_s0", 0, 1.8, {"gamma_init": -0.9}),
              ("alpha_s0", 0, 1.8, {"op": "mix_alpha"})]  # another op: not a marker either
     dirs = [make_run(tmp_path, name, seed=seed, val=(3.0, v), **{"op": "mix", **TWO_LAYERS, **extra})
             for name, seed, v, extra in specs]
@@ -426,7 +441,8 @@ def curve_runs(tmp_path, attention=True):
 def test_corridor_curve_data(tmp_path):
     runs = [corridor.load_run(d) for d in curve_runs(tmp_path)]
     curve = corridor.curve_data(corridor.compare(runs)["groups"])
-    nan, half = float("nan"), 12.706205 * 0.025  # γ = −0.5: d = −0.1, −0.05; s = 0.0354, s/√2 = 0.025, t_{.975,1}
+    # γ = −0.5: d = −0.1, −0.05; s = 0.0354, s/√2 = 0.025, t_{.975,1}
+    nan, half = float("nan"), 12.706205 * 0.025
     (c,) = curve["curves"]
     assert c["label"] == "fixed γ, δ = 1" and c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
     assert c["mean"] == pytest.approx([-0.075, 0.0, 0.2])
@@ -444,7 +460,8 @@ def test_corridor_curve_png(tmp_path, capsys):
     path = figs / "corridor_curve.png"
     assert f"{path}" in capsys.readouterr().out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10000
-    (tmp_path / "noattn").mkdir()  # without attention runs there is no difference to draw: no curve, no figure
+    # without attention runs there is no difference to draw: no curve, no figure
+    (tmp_path / "noattn").mkdir()
     runs = [corridor.load_run(d) for d in curve_runs(tmp_path / "noattn", attention=False)]
     assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
 
@@ -455,11 +472,14 @@ def test_val_loss_figure_lines(tmp_path):
     dirs += [make_run(tmp_path, f"mix_s{s}", seed=s, val=(3.0, 2.0, 1.5), **TWO_LAYERS) for s in range(4)]
     runs = [corridor.load_run(d) for d in dirs]
     lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
-    assert step == "tokens" and title == "validation loss" and len(lines) == 10  # up to 10 runs: one line each
+    # up to 10 runs: one line each
+    assert step == "tokens" and title == "validation loss" and len(lines) == 10
     assert lines[0] == ("attn_s0 (attention seed=0)", {0: 3.0, 204800: 2.0, 409600: 1.0})
-    runs.append(corridor.load_run(make_run(tmp_path, "mix_s4", seed=4, val=(3.0, 1.0), **TWO_LAYERS)))  # unfinished
+    # unfinished
+    runs.append(corridor.load_run(make_run(tmp_path, "mix_s4", seed=4, val=(3.0, 1.0), **TWO_LAYERS)))
     lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
-    assert title == "validation loss, mean over seeds"  # 11 runs: one line per setting, at the evals all seeds have
+    # 11 runs: one line per setting, at the evals all seeds have
+    assert title == "validation loss, mean over seeds"
     assert lines == [("attn (6 seeds)", {0: 3.0, 204800: pytest.approx(2.25), 409600: pytest.approx(1.25)}),
                      ("mix (5 seeds)", {0: 3.0, 204800: 1.8})]  # the groups' order: by final val loss
 
@@ -478,28 +498,34 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
     "--out without =": (None, lambda d: [str(d), "--out"], "argument '--out' must look like --key=value"),
     "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: is not a directory"),
     "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN, "config.json: invalid JSON"),
-    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a JSON object"),
-    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": "-0.5"'), RUN,
+    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a "
+                                                                                  "JSON object"),
+    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": '
+                                                                                         '"-0.5"'), RUN,
                                   "config.json: 'gamma_init' must be a number, not '-0.5'"),
     "a bool for a number": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": true'), RUN,
                             "config.json: 'gamma_init' must be a number, not True"),
     "a number for a bool": (lambda d: edit(d / "config.json", '"learn_gamma": true', '"learn_gamma": 1'), RUN,
                             "config.json: 'learn_gamma' must be a bool, not 1"),
-    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN, "log.jsonl:1: expected a JSON object"),
+    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN, "log.jsonl:1: expected a "
+                                                                                    "JSON object"),
     "eval without gamma": (lambda d: edit(d / "log.jsonl", '"gamma"', '"gamma_"'), RUN,
                            "log.jsonl:1: eval record has no 'gamma'"),
     "ragged gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0]', '"gamma": [[0.0]'), RUN,
                      "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
     "empty gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
-                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]', '"gamma": [[]], "delta": [[]]'),
+                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]', '"gamma": [[]], '
+                                                                                            '"delta": [[]]'),
                     RUN, "log.jsonl:1: gamma and delta must both be non-empty"),
     "val_loss a bool": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val_loss": true'), RUN,
                         "log.jsonl:1: eval record's 'val_loss' must be a number, not True"),
-    "gamma one flat list": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
+    "gamma one flat list": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, '
+                                                            '0.0]], '
                                            '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
                                            '"gamma": [0.0, 0.0], "delta": [1.0, 1.0]'), RUN,
                             "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
-    "delta of another shape": (lambda d: edit(d / "log.jsonl", '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
+    "delta of another shape": (lambda d: edit(d / "log.jsonl", '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, '
+                                                               '1.0, 1.0]]',
                                               '"delta": [[1.0, 1.0, 1.0, 1.0]]'), RUN,
                                "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
     "iter a string": (lambda d: edit(d / "log.jsonl", '"iter": 0,', '"iter": "0",'), RUN,
@@ -566,7 +592,8 @@ def test_one_layer_run_has_no_share_beyond_layer_1(tmp_path, capsys, no_figures)
     out = capsys.readouterr().out
     assert "   tokens 512,000, iter 250; val loss best 2.0000 (iter 100), final 2.5000 (iter 200)\n" in out
     assert "   γ ∈ (−1, 0): 2/4 heads (50%) overall, no layers beyond layer 1\n" in out
-    two = corridor.summarize(corridor.load_run(make_run(tmp_path, "two_s0", **TWO_LAYERS)))  # two layers: defined
+    # two layers: defined
+    two = corridor.summarize(corridor.load_run(make_run(tmp_path, "two_s0", **TWO_LAYERS)))
     assert (two["n_in_deep"], two["frac_deep"]) == (2, 0.5)
 
 
@@ -609,7 +636,8 @@ def test_experiment_ignores_only_what_cannot_change_the_result():
     cfg = {"op": "mix", "seed": 3, "out_dir": "out/x", "device": "cuda", "compile": True, "wandb_log": True,
            "wandb_run_name": "r", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
     assert corridor.experiment(cfg) == {"op": "mix", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
-    assert json.loads(corridor.baseline_key(cfg)) == {"n_layer": 2, "max_iters": 100}  # op and its controls go too
+    # op and its controls go too
+    assert json.loads(corridor.baseline_key(cfg)) == {"n_layer": 2, "max_iters": 100}
 
 
 def test_which_runs_learn_gamma(tmp_path):
@@ -629,7 +657,8 @@ def test_which_runs_learn_gamma(tmp_path):
 def test_val_loss_figure_by_iteration_when_a_log_has_no_tokens(tmp_path):
     """The x axis is tokens only when every eval record has them; otherwise iterations."""
     d = make_run(tmp_path, "old_s0", **TWO_LAYERS)
-    edit(tmp_path / "old_s0" / "log.jsonl", '"iter": 0, "tokens": 0, ', '"iter": 0, ')  # the first eval has none
+    # the first eval has none
+    edit(tmp_path / "old_s0" / "log.jsonl", '"iter": 0, "tokens": 0, ', '"iter": 0, ')
     runs = [corridor.load_run(d), corridor.load_run(make_run(tmp_path, "new_s1", seed=1, **TWO_LAYERS))]
     lines, step, _ = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
     assert step == "iter" and lines[1][1] == {0: 3.0, 100: 2.0, 200: 2.5}

@@ -123,7 +123,8 @@ def test_laplacian_rows_sum_to_zero():
     v_const = torch.randn(2, 4, 1, 8, dtype=torch.float64).expand(2, 4, 9, 8)
     assert (operator_matrix(q, k, a, b) @ v_const).abs().max() < 1e-12  # a constant signal has no deviation
     v = torch.randn(2, 4, 9, 8, dtype=torch.float64)
-    assert (operator_matrix(q, k, a, b) @ v)[:, :, 0].abs().max() < 1e-12  # the first position sees only itself
+    # the first position sees only itself
+    assert (operator_matrix(q, k, a, b) @ v)[:, :, 0].abs().max() < 1e-12
     gamma, delta = -0.3, 1.4  # and a mix head's first position outputs δ(1 + γ)v_0
     y0 = (operator_matrix(q, k, torch.full((4,), delta * gamma, dtype=torch.float64), torch.full((4,), delta, dtype=torch.float64)) @ v)[:, :, 0]
     assert torch.allclose(y0, delta * (1 + gamma) * v[:, :, 0])
@@ -164,7 +165,8 @@ def test_sdpa_path_matches_materialised_path(op):
     assert torch.allclose(h1, h2, atol=1e-10)
     assert torch.allclose(gx1, gx2, atol=1e-10)
     n_scalars = sum(len(list(head_op.parameters())) for head_op in fast.head_operators())
-    assert n_scalars == (2 * TINY["n_layer"] if op.startswith("mix") else 0)  # their gradients are compared too
+    # their gradients are compared too
+    assert n_scalars == (2 * TINY["n_layer"] if op.startswith("mix") else 0)
     for n in g1:
         assert torch.allclose(g1[n], g2[n], atol=1e-10), n
 
@@ -232,7 +234,8 @@ def test_gamma_min_holds_after_optimizer_steps():
     idx = tokens()
     went_below = False
     for _ in range(20):
-        loss = model(idx, idx)[1] + 10 * sum(op.gamma.sum() for op in model.head_operators())  # pushes γ down
+        # pushes γ down
+        loss = model(idx, idx)[1] + 10 * sum(op.gamma.sum() for op in model.head_operators())
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -273,7 +276,8 @@ def test_every_op_overfits_one_batch(op):
     assert first > math.log(TINY["vocab_size"]) - 0.2 and loss.item() < 0.2, (first, loss.item())
 
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel on a GPU, or under the interpreter on a CPU
+# the kernel on a GPU, or under the interpreter on a CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def kernel_and_sdpa_models():
@@ -322,7 +326,8 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
     torch.manual_seed(0)
     model = GPT(tiny("mix")).eval()
     prompt = tokens(B=2, T=4)
-    last = logits(model, prompt)[:, -1, :]  # (B, vocab) the logits of the first new token, from the full forward
+    # (B, vocab) the logits of the first new token, from the full forward
+    last = logits(model, prompt)[:, -1, :]
     seen = []
     multinomial = torch.multinomial
     monkeypatch.setattr(torch, "multinomial", lambda probs, **kw: seen.append(probs.clone()) or multinomial(probs, **kw))
@@ -384,7 +389,8 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
     want = hf(idx).logits
     model = GPT.from_pretrained(str(tmp_path), op="mix").eval()
     got = model(idx, idx)[0]
-    assert (got - want).abs().max() <= 1e-6  # float32 rounding is ~1e-7; the exact GELU instead of tanh moves 5e-6
+    # float32 rounding is ~1e-7; the exact GELU instead of tanh moves 5e-6
+    assert (got - want).abs().max() <= 1e-6
     gamma, delta = model.gamma_delta()
     assert gamma.eq(0).all() and delta.eq(1).all()
     model.crop_block_size(16)  # keeps the first 16 positions' embeddings
@@ -456,7 +462,8 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     head_op = OPS[op](4, **OPS[op].controls)
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
     assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
-    monkeypatch.setitem(sys.modules, "kernel", None)  # triton not installed: `from kernel import usable` fails
+    # triton not installed: `from kernel import usable` fails
+    monkeypatch.setitem(sys.modules, "kernel", None)
     assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
 
 
@@ -471,11 +478,14 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
     (dict(op="attention", gamma_init=-0.5),
      "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
-    (dict(op="mix", laplacian_heads=1), "laplacian_heads is not a control of op='mix' (its controls: gamma_init, "
-                                        "delta_init, learn_gamma, learn_delta, gamma_min); drop it or change op"),
+    (dict(op="mix", laplacian_heads=1), "laplacian_heads is not a control of op='mix' (its controls: "
+                                        "gamma_init, "
+                                        "delta_init, learn_gamma, learn_delta, gamma_min); drop it or change "
+                                        "op"),
     (dict(op="laplacian", laplacian_heads=True),
      "laplacian_heads=True is not allowed: give an integer in 0..n_head=4, or None for half"),
-    (dict(op="mix", gamma_min=True), "gamma_min=True is not allowed: give a number (γ is kept ≥ it) or None"),
+    (dict(op="mix", gamma_min=True), "gamma_min=True is not allowed: give a number (γ is kept ≥ it) or "
+                                     "None"),
     (dict(op="mix", gamma_min=0.0, gamma_init=-0.01),
      "gamma_init=-0.01 is below gamma_min=0.0: start γ inside its range"),
 ])

@@ -79,7 +79,8 @@ def test_config_file_and_overrides(tmp_path):
     c, given = parse_config([str(cfg), "--n_layer=5", "--op=mix", "--gamma_min=0", "--compile=False", "--out_dir=2024"])
     assert (c.op, c.n_layer, c.learning_rate, c.gamma_min, c.compile, c.out_dir) == ("mix", 5, 1e-3, 0, False, "2024")
     assert given == {"op", "n_layer", "learning_rate", "gamma_min", "compile", "out_dir"}
-    assert (c.batch_size, c.gamma_init, c.laplacian_heads) == (12, 0.0, None)  # defaults: train.py's, the ops'
+    # defaults: train.py's, the ops'
+    assert (c.batch_size, c.gamma_init, c.laplacian_heads) == (12, 0.0, None)
 
 
 def test_the_seed_decides_the_initial_weights_and_the_data_order(workdir):
@@ -124,9 +125,11 @@ def test_learning_rate_when_warmup_ends_where_decay_ends():
 
 @pytest.mark.parametrize("args, local_rank, cuda, bf16, mps, picked", [
     (["--device=auto"], None, False, False, False, ("cpu", "cpu", "float32")),  # float32 on CPU
-    (["--device=cpu", "--dtype=bfloat16"], None, False, False, False, ("cpu", "cpu", "bfloat16")),  # allowed on CPU
+    # allowed on CPU
+    (["--device=cpu", "--dtype=bfloat16"], None, False, False, False, ("cpu", "cpu", "bfloat16")),
     (["--device=auto"], None, False, False, True, ("mps", "mps", "float32")),  # mps before cpu
-    (["--device=auto"], None, True, True, True, ("cuda", "cuda", "bfloat16")),  # cuda first, bf16 where supported
+    # cuda first, bf16 where supported
+    (["--device=auto"], None, True, True, True, ("cuda", "cuda", "bfloat16")),
     (["--device=cuda"], None, True, False, False, ("cuda", "cuda", "float16")),  # else fp16 (with a scaler)
     (["--device=cuda"], 3, True, True, False, ("cuda:3", "cuda", "bfloat16")),  # DDP: the process' own GPU
     (["--device=cuda"], 0, True, True, False, ("cuda:0", "cuda", "bfloat16")),  # rank 0's too
@@ -200,13 +203,16 @@ def test_a_run_records_and_prints_what_ran(workdir, capsys):
     assert (start["event"], start["iter"], start["device"], start["dtype"], start["world_size"], start["torch"]) == \
         ("start", 0, "cpu", "float32", 1, torch.__version__) and "commit" in start
     evals = read_log("out/rec", "eval")
-    assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (3, 3 * 256), (5, 5 * 256)]  # 2 × 4 × 32 per iter
-    assert [r["iter"] for r in read_log("out/rec", "train")] == [2, 4, 5]  # every log_interval, and the last one
+    # 2 × 4 × 32 per iter
+    assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (3, 3 * 256), (5, 5 * 256)]
+    # every log_interval, and the last one
+    assert [r["iter"] for r in read_log("out/rec", "train")] == [2, 4, 5]
     assert (done["event"], done["iter"]) == ("done", 5)
     out = capsys.readouterr().out
     assert "device cpu, dtype float32, 1 process(es), 256 tokens per iteration, 0.03M parameters, op=mix" in out
     assert f"unigram baseline: val loss {unigram_loss('data/pydocs', 103):.4f} (context-free" in out
-    assert out.count("saved checkpoint to out/rec/ckpt.pt") == 2 and "compiling" not in out  # no torch.compile on CPU
+    # no torch.compile on CPU
+    assert out.count("saved checkpoint to out/rec/ckpt.pt") == 2 and "compiling" not in out
     assert f"step 5: train loss {evals[-1]['train_loss']:.4f}, val loss {evals[-1]['val_loss']:.4f} " \
         f"({evals[-1]['val_bpb']:.4f} bits/byte) | corridor " in out
     assert out.rstrip().endswith(corridor_summary(*torch.tensor([evals[-1]["gamma"], evals[-1]["delta"]])))
@@ -293,7 +299,8 @@ def test_resume_is_exact(workdir):
     assert_same_weights(straight.state_dict(), resumed.state_dict())
     log = read_log("out/halves")
     assert [r["iter"] for r in log if r["event"] == "eval"] == [0, 4, 8]  # no repeated evaluation at iter 4
-    assert [r["iter"] for r in log if r["event"] == "train"] == list(range(1, 9))  # one history, crash leftovers gone
+    # one history, crash leftovers gone
+    assert [r["iter"] for r in log if r["event"] == "train"] == list(range(1, 9))
     assert [r["event"] for r in log].count("done") == 1 and 9.9 not in [r.get("loss") for r in log]
     assert [r["iter"] for r in log if r["event"] == "start"] == [0, 4]
 
@@ -372,7 +379,8 @@ def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys)
 
 def test_resume_keeps_the_runs_settings_unless_given(workdir):
     run("--max_iters=2", "--eval_interval=2", "--learning_rate=1e-4", "--batch_size=2", "--seed=5", "--out_dir=out/k")
-    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"]))  # nothing else given
+    # nothing else given
+    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"]))
     config = json.load(open("out/k/config.json"))
     assert (config["learning_rate"], config["batch_size"], config["seed"], config["n_layer"]) == (1e-4, 2, 5, 2)
     assert [r["tokens"] for r in read_log("out/k", "train")] == [64 * i for i in (1, 2, 3, 4)]
@@ -389,8 +397,10 @@ def test_resume_refuses_a_different_model_and_config_json_says_what_ran(workdir)
         run("--n_layer=6", "--init_from=resume", "--max_iters=4", "--out_dir=out/r")
     with pytest.raises(ValueError, match="laplacian_heads is not a control of the checkpoint's op='mix'"):
         run("--laplacian_heads=1", "--init_from=resume", "--max_iters=4", "--out_dir=out/r")
-    run("--n_layer=12", "--init_from=resume", "--max_iters=4", "--out_dir=out/r", "--n_layer=2")  # the last one wins
-    run("--init_from=resume", "--max_iters=6", "--out_dir=out/r", "--n_head=2", "--dropout=0.1")  # the same model
+    # the last one wins
+    run("--n_layer=12", "--init_from=resume", "--max_iters=4", "--out_dir=out/r", "--n_layer=2")
+    # the same model
+    run("--init_from=resume", "--max_iters=6", "--out_dir=out/r", "--n_head=2", "--dropout=0.1")
     config = json.load(open("out/r/config.json"))
     assert (config["n_layer"], config["n_head"], config["dropout"], config["max_iters"]) == (2, 2, 0.1, 6)
     assert config["init_from"] == "scratch"  # how the run began; the log's start records show the resumes
@@ -482,14 +492,16 @@ def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, mon
     with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=3 must be a multiple of the number of "
                        r"processes \(2\)$"):
         run("--gradient_accumulation_steps=3", "--max_iters=1", "--out_dir=out/ddp")
-    with pytest.raises(Started, match="'backend': 'gloo'"):  # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
+    # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
+    with pytest.raises(Started, match="'backend': 'gloo'"):
         run("--gradient_accumulation_steps=4", "--max_iters=1", "--out_dir=out/ddp")
     assert not os.path.exists("out/ddp")
 
 
 @pytest.mark.parametrize("rank, code", [(None, "error: max_iters=0 is not allowed: it must be ≥ 1"),
                                         ("0", "error: max_iters=0 is not allowed: it must be ≥ 1"),
-                                        ("1", 1), ("3", 1)])  # under torchrun every rank fails alike: rank 0 says it, once
+                                        # under torchrun every rank fails alike: rank 0 says it, once
+                                        ("1", 1), ("3", 1)])
 def test_main_says_a_bad_setting_once(monkeypatch, rank, code):
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
@@ -533,7 +545,8 @@ def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
 def test_ddp_two_processes_match_one(workdir):
     """torchrun, gloo, 2 CPU processes: a step and the evaluation equal one process taking the same global batch."""
     args = TINY + ["--op=mix", "--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=2"]
-    run(*args[len(TINY):], "--eval_iters=4", "--out_dir=out/single")  # the windows that 2 ranks × 2 batches see
+    # the windows that 2 ranks × 2 batches see
+    run(*args[len(TINY):], "--eval_iters=4", "--out_dir=out/single")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         os.path.join(HERE, "train.py"), *args, "--out_dir=out/ddp"],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
@@ -544,7 +557,8 @@ def test_ddp_two_processes_match_one(workdir):
     for a, b in zip(read_log("out/single", "eval"), read_log("out/ddp", "eval")):
         assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-5)  # the ranks share the val set
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
-    assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1  # only rank 0 prints, saves
+    # only rank 0 prints, saves
+    assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1
     assert [r["tokens"] for r in read_log("out/ddp", "train")] == [r["tokens"] for r in read_log("out/single", "train")]
 
 
@@ -599,7 +613,8 @@ def test_add_your_own_operator(workdir, request, capsys):
 
     model = run("--op=corridor_gate", "--w_init=2.0", "--max_iters=4", "--eval_interval=4", "--out_dir=out/gate")
     gamma = torch.tensor(read_log("out/gate", "eval")[0]["gamma"])
-    assert torch.allclose(gamma, torch.full((2, 2), -1 / (1 + math.exp(-2.0))))  # γ = -sigmoid(2) at the start
+    # γ = -sigmoid(2) at the start
+    assert torch.allclose(gamma, torch.full((2, 2), -1 / (1 + math.exp(-2.0))))
     assert (model.gamma_delta()[0] > -1).all() and (model.gamma_delta()[0] < 0).all()
     assert read_log("out/gate", "eval")[-1]["val_loss"] < read_log("out/gate", "eval")[0]["val_loss"]
 
@@ -614,7 +629,8 @@ def test_sample_decodes_text_from_any_directory(workdir, capsys, monkeypatch):
     assert len(texts) == 2 and all(t.startswith("The ") and len(t) == 24 for t in texts) and texts[0] != texts[1]
     assert draw() == texts and draw("--seed=7") != texts  # the seed decides the samples
     greedy = [draw("--temperature=0", f"--seed={s}") for s in (1, 2)]
-    assert greedy[0] == greedy[1] and greedy[0][0] == greedy[0][1]  # temperature 0: the most likely token, always
+    # temperature 0: the most likely token, always
+    assert greedy[0] == greedy[1] and greedy[0][0] == greedy[0][1]
     assert "---------------" in capsys.readouterr().out
 
 
@@ -647,9 +663,12 @@ def test_sample_draws_from_the_model_in_eval_mode(draw):
 def test_sample_prompt_file_top_k_and_no_new_tokens(draw, capsys):
     open("prompt.txt", "w", encoding="utf-8").write("def f(x):\n")
     greedy = draw("--start=def f(x):\n", "--temperature=0")
-    assert draw("--start=FILE:prompt.txt", "--temperature=0") == greedy  # FILE: reads the prompt from the file
-    assert draw("--start=def f(x):\n", "--top_k=1") == greedy  # top_k=1 (the least allowed) keeps only the argmax
-    assert draw("--start=FILE:prompt.txt", "--max_new_tokens=0") == ["def f(x):\n"] * 2  # 0 allowed: the prompt
+    # FILE: reads the prompt from the file
+    assert draw("--start=FILE:prompt.txt", "--temperature=0") == greedy
+    # top_k=1 (the least allowed) keeps only the argmax
+    assert draw("--start=def f(x):\n", "--top_k=1") == greedy
+    # 0 allowed: the prompt
+    assert draw("--start=FILE:prompt.txt", "--max_new_tokens=0") == ["def f(x):\n"] * 2
     capsys.readouterr()
     texts = draw("--seed=5")
     assert capsys.readouterr().out == "".join(t + "\n---------------\n" for t in texts)  # printed as returned
