@@ -77,7 +77,8 @@ device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
-TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
+TRAIN_DEFAULTS = {k: v for k, v in globals().items()
+                  if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
@@ -136,7 +137,8 @@ def ddp_env():
 
 def defaults():
     """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops can be added later)."""
-    return {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}, **all_controls()}
+    model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
+    return {**TRAIN_DEFAULTS, **model, **all_controls()}
 
 
 def parse_config(argv):
@@ -168,7 +170,8 @@ def pick_device_and_dtype(cfg, local_rank):
     device_type = dev.split(":")[0]
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if not available[device_type]:
-        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; use --device=cpu")
+        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; "
+                          "use --device=cpu")
     if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
         raise RankError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
                         "no more processes per node than it has GPUs")
@@ -183,7 +186,8 @@ def pick_device_and_dtype(cfg, local_rank):
 def corridor_summary(gamma, delta):
     """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0), per-layer mean γ and δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
-    layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in enumerate(zip(gamma.mean(1), delta.mean(1))))
+    means = enumerate(zip(gamma.mean(1), delta.mean(1)))
+    layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in means)
     return f"corridor {inside}/{gamma.numel()} heads in (-1,0) | {layers}"
 
 
@@ -195,7 +199,8 @@ def build_model(cfg, given, meta, ckpt):
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} uses the "
                               f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout, impl=cfg.impl)
+        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout,
+                                    impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
     elif ckpt is not None:
@@ -231,7 +236,8 @@ def resume_settings(cfg, given, ckpt):
         elif getattr(cfg, k) != v:
             changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
     if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
-        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
+        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                          "raise --max_iters to train on")
     return changed
 
 
@@ -297,17 +303,19 @@ def claim_run_dir(cfg, resuming):
     except OSError as e:
         raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; "
                           "choose another --out_dir") from None
-    if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing there
+    if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing
         unlock_run_dir(cfg.out_dir)
-        raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate it "
-                          f"with --eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir} to start over)")
+        raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate "
+                          "it with --eval_only=True, or choose another --out_dir "
+                          f"(rm -r {cfg.out_dir} to start over)")
 
 
 class Run:
-    """What the loop's helpers share: the settings, this process's place, the device and the run's counters."""
+    """What the loop's helpers share: the settings, this process's place, the device, the run's counters."""
 
     def __init__(self, cfg, rank, world_size, ddp, dev, ctx):
-        self.cfg, self.rank, self.world_size, self.ddp, self.dev, self.ctx = cfg, rank, world_size, ddp, dev, ctx
+        self.cfg, self.rank, self.world_size, self.ddp = cfg, rank, world_size, ddp
+        self.dev, self.ctx = dev, ctx
         self.master = rank == 0  # only the master prints
         self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
         self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -402,7 +410,7 @@ def evaluate(run, model, val_set, eval_loader, val_bytes, rendered):
 
 
 def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
-    """ckpt.pt when the val loss improved (or always_save_checkpoint), and ckpt_NNNNNN.pt when save_every is due."""
+    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
     cfg = run.cfg
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "model_args": asdict(model.config), "iter_num": run.iter_num,
@@ -428,12 +436,13 @@ def log_train(run, loss, grad_norm, lr, dt_iter, mfu, tokens_per_iter):
     if mfu:
         line += f", mfu {mfu * 100:.1f}%"
     run.say(line)
-    run.log({"event": "train", "iter": run.iter_num, "tokens": run.tokens, "loss": lossf, "grad_norm": grad_normf,
-             "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+    run.log({"event": "train", "iter": run.iter_num, "tokens": run.tokens, "loss": lossf,
+             "grad_norm": grad_normf, "lr": lr, "ms_per_iter": dt_iter * 1000,
+             "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
 
 def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, processes, device, data, model ------------------------------------
+    # --- set-up: the checkpoint to continue, processes, device, data, model ---------------------------------
     rank, local_rank, world_size = ddp_env()
     ddp = local_rank is not None  # started by torchrun
     ckpt, changed = None, []
@@ -447,7 +456,9 @@ def train(cfg, given=frozenset()):
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     data_dir, meta = prepare(cfg, run.master, ddp)
     model = build_model(cfg, given, meta, ckpt).to(dev)
-    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
+    meta_keys = ("tokenizer", "vocab_size", "chars")
+    same_data = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in meta_keys)
+    if not same_data:
         raise ConfigError(f"dataset {cfg.dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
@@ -482,7 +493,7 @@ def train(cfg, given=frozenset()):
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
-    # --- logging -------------------------------------------------------------------------------------------------
+    # --- logging --------------------------------------------------------------------------------------------
     if run.writes:
         start_log(run, dt, resuming)
     run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
@@ -490,11 +501,11 @@ def train(cfg, given=frozenset()):
         run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
     run.say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
             f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # small enough to count quickly
+    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
         run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
                 "(context-free token frequencies)")
 
-    # --- the training loop ---------------------------------------------------------------------------------------
+    # --- the training loop ----------------------------------------------------------------------------------
     if not cfg.eval_only:  # untimed warm-up: torch.compile compiles, impl='auto' checks and times the kernel
         zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=dev)
         with ctx:  # one forward and backward; its gradients are dropped, so no weight changes
@@ -539,7 +550,7 @@ def train(cfg, given=frozenset()):
             log_train(run, loss_sum, grad_norm, lr, dt_iter, mfu, tokens_per_iter)
             t0, iter0 = time.time(), run.iter_num
 
-    # --- the end ---------------------------------------------------------------------------------------------------
+    # --- the end --------------------------------------------------------------------------------------------
     gamma, delta = raw_model.gamma_delta()
     torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
     run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
