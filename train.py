@@ -77,7 +77,8 @@ device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
-TRAIN_DEFAULTS = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
+TRAIN_DEFAULTS = {k: v for k, v in globals().items()
+                  if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
@@ -136,7 +137,8 @@ def ddp_env():
 
 def defaults():
     """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops can be added later)."""
-    return {**TRAIN_DEFAULTS, **{f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}, **all_controls()}
+    model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
+    return {**TRAIN_DEFAULTS, **model, **all_controls()}
 
 
 def parse_config(argv):
@@ -168,7 +170,8 @@ def pick_device_and_dtype(cfg, local_rank):
     device_type = dev.split(":")[0]
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if not available[device_type]:
-        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; use --device=cpu")
+        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; "
+                          "use --device=cpu")
     if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
         raise RankError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
                         "no more processes per node than it has GPUs")
@@ -183,7 +186,8 @@ def pick_device_and_dtype(cfg, local_rank):
 def corridor_summary(gamma, delta):
     """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0), per-layer mean γ and δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
-    layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in enumerate(zip(gamma.mean(1), delta.mean(1))))
+    means = enumerate(zip(gamma.mean(1), delta.mean(1)))
+    layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in means)
     return f"corridor {inside}/{gamma.numel()} heads in (-1,0) | {layers}"
 
 
@@ -195,7 +199,8 @@ def build_model(cfg, given, meta, ckpt):
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} uses the "
                               f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout, impl=cfg.impl)
+        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout,
+                                    impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
     elif ckpt is not None:
@@ -220,22 +225,24 @@ def build_model(cfg, given, meta, ckpt):
     return model
 
 
-def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, processes, device ---------------------------------------------------
-    ckpt_path, ckpt, changed = os.path.join(cfg.out_dir, "ckpt.pt"), None, []
-    rank, local_rank, world_size = ddp_env()
-    ddp = local_rank is not None  # started by torchrun
-    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
-        ckpt = load_checkpoint(ckpt_path)
-        for k, v in ckpt["config"].items():  # a resumed run keeps its settings and how it began, except those given now
-            if k not in vars(cfg) or k in ("out_dir", "eval_only"):
-                continue
-            if k == "init_from" or k not in given:
-                setattr(cfg, k, check(k, v, defaults(), RESUME_RULES))
-            elif getattr(cfg, k) != v:
-                changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
-        if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
-            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; raise --max_iters to train on")
+def resume_settings(cfg, given, ckpt):
+    """A resumed run keeps its settings and how it began, except those given now: those are returned, said."""
+    changed = []
+    for k, v in ckpt["config"].items():
+        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
+            continue
+        if k == "init_from" or k not in given:
+            setattr(cfg, k, check(k, v, defaults(), RESUME_RULES))
+        elif getattr(cfg, k) != v:
+            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
+    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                          "raise --max_iters to train on")
+    return changed
+
+
+def check_schedule(cfg, world_size):
+    """Settings that only make sense together: checked before any device or file is touched."""
     if cfg.gradient_accumulation_steps % world_size:
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
                           f"the number of processes ({world_size})")
@@ -245,188 +252,288 @@ def train(cfg, given=frozenset()):
                               f"eval_interval={cfg.eval_interval}: it happens at evaluations")
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
+
+
+def start_process(cfg, local_rank):
+    """The device, its dtype and autocast context; the DDP group when torchrun started us; the seed."""
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
-    master, writes = rank == 0, rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
-    say = print if master else lambda *args: None  # only the master prints
-    if ddp:
+    if local_rank is not None:
         from torch.distributed import init_process_group
         if device_type == "cuda":
             torch.cuda.set_device(dev)
         init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    grad_accum = cfg.gradient_accumulation_steps // world_size
-    tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if device_type == "cpu":
         keep_freed_memory()  # fewer page faults per step
-    ctx = nullcontext() if dt == "float32" else torch.autocast(device_type, dtype=getattr(torch, dt))
+    ctx = nullcontext()
+    if dt != "float32":
+        ctx = torch.autocast(device_type, dtype=getattr(torch, dt))
+    return dev, device_type, dt, ctx
 
-    # --- data (prepared once by the master; the others wait) and model ---------------------------------------------
+
+def prepare(cfg, master, ddp):
+    """The dataset's directory and meta: prepared once by the master while the others wait."""
     if master:
         ensure_prepared(cfg.dataset)
     if ddp:
         torch.distributed.barrier()
     data_dir = ensure_prepared(cfg.dataset)
-    meta = load_meta(data_dir)
+    return data_dir, load_meta(data_dir)
+
+
+def hellaswag_rows(cfg, meta):
+    """HellaSwag's examples as token rows, tokenised once; None when hellaswag_interval is 0."""
+    if not cfg.hellaswag_interval:
+        return None
+    if meta["tokenizer"] == "char":
+        raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary "
+                          "lacks most of its characters; use hellaswag_interval=0")
+    encode = get_tokenizer(meta)[0]
+    return [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
+
+
+def claim_run_dir(cfg, resuming):
+    """Everything is checked: from here on this process owns out_dir (no other run may hold it)."""
+    try:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        check_run_dir(cfg.out_dir, resuming)  # before the lock: nothing is written into others' folders
+        lock_run_dir(cfg.out_dir)
+        remove_temporaries(cfg.out_dir)
+    except OSError as e:
+        raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; "
+                          "choose another --out_dir") from None
+    if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing
+        unlock_run_dir(cfg.out_dir)
+        raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate "
+                          "it with --eval_only=True, or choose another --out_dir "
+                          f"(rm -r {cfg.out_dir} to start over)")
+
+
+class Run:
+    """What the loop's helpers share: the settings, this process's place, the device, the run's counters."""
+
+    def __init__(self, cfg, rank, world_size, ddp, dev, ctx):
+        self.cfg, self.rank, self.world_size, self.ddp = cfg, rank, world_size, ddp
+        self.dev, self.ctx = dev, ctx
+        self.master = rank == 0  # only the master prints
+        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
+        self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        self.iter_num, self.best_val_loss, self.tokens = 0, float("inf"), 0
+        self.run_log = None
+
+    def say(self, *args):
+        if self.master:
+            print(*args)
+
+    def log(self, record):
+        if self.run_log is not None:
+            self.run_log.write(record)
+
+    def stop_if_not_finite(self, what, value):
+        if math.isfinite(value):
+            return
+        last = "no checkpoint was written"
+        if os.path.exists(self.ckpt_path):
+            last = f"the last good checkpoint {self.ckpt_path} is untouched"
+        raise FloatingPointError(f"{what} became {value} at iter {self.iter_num}; stopping ({last}). "
+                                 "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+
+
+def start_log(run, dt, resuming):
+    """The log first: a config.json without a log is not a run's (see rundir.check_run_dir)."""
+    cfg = run.cfg
+    wandb_run = None
+    if cfg.wandb_log:
+        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    resume_iter = None
+    if resuming:
+        resume_iter = run.iter_num
+    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run)
+    save_config(cfg.out_dir, vars(cfg))
+    run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
+             "device": run.dev, "dtype": dt, "world_size": run.world_size})
+
+
+def next_batch(loader, dev):
+    x, y = loader.next_batch()
+    if dev.startswith("cuda"):  # x, y are views of one (B, T+1) buffer: each is pinned as a compact copy
+        x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+        return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+    return x.to(dev), y.to(dev)
+
+
+@torch.no_grad()
+def estimate_loss(run, model, val_set, eval_loader):
+    """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an
+    estimate from the same eval_iters sampled batches every time (the split is too large to read whole),
+    averaged over the ranks."""
+    cfg, dev = run.cfg, run.dev
+    model.eval()
+    val_sum = 0.0
+    for x, y in val_set.batches(cfg.batch_size):
+        with run.ctx:
+            val_sum += model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss: the batch's mean
+    train_sum = torch.zeros((), device=dev)
+    eval_loader.reset()  # the same batches at every evaluation
+    for _ in range(cfg.eval_iters):
+        with run.ctx:
+            train_sum += model(*next_batch(eval_loader, dev))[1].float()
+    model.train()
+    sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if run.ddp else "cpu")
+    if run.ddp:
+        torch.distributed.all_reduce(sums)
+    val_total, train_total = sums.tolist()
+    return {"val": val_total / val_set.count, "train": train_total / (cfg.eval_iters * run.world_size)}
+
+
+def evaluate(run, model, val_set, eval_loader, val_bytes, rendered):
+    """Losses, bits per byte, HellaSwag when due and every head's (γ, δ), printed and logged: the val loss."""
+    cfg = run.cfg
+    losses = estimate_loss(run, model, val_set, eval_loader)
+    record = {"event": "eval", "iter": run.iter_num, "tokens": run.tokens, "train_loss": losses["train"],
+              "val_loss": losses["val"], "val_tokens": val_set.count}
+    line = f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+    if val_bytes:  # nats per token -> bits per byte
+        record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
+        line += f" ({record['val_bpb']:.4f} bits/byte)"
+    hellaswag_due = cfg.eval_only or run.iter_num == cfg.max_iters
+    if rendered is not None and (hellaswag_due or run.iter_num % cfg.hellaswag_interval == 0):
+        record["hellaswag"] = hellaswag.score(model, rendered, cfg.batch_size, run.dev, run.rank,
+                                              run.world_size, run.ctx)
+        line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(rendered):,} examples)"
+    gamma, delta = model.gamma_delta()
+    run.say(f"{line} | {corridor_summary(gamma, delta)}")
+    run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
+    run.stop_if_not_finite("the validation loss", losses["val"])
+    return losses["val"]
+
+
+def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
+    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
+    cfg = run.cfg
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "model_args": asdict(model.config), "iter_num": run.iter_num,
+             "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
+             "loader": train_loader.state_dict(), "meta": meta}
+    if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
+        run.best_val_loss = state["best_val_loss"]
+        save_checkpoint(run.ckpt_path, state)
+        run.say(f"saved checkpoint to {run.ckpt_path}")
+    if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
+        path = os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt")
+        save_checkpoint(path, state)
+        run.say(f"saved checkpoint to {path}")
+
+
+def log_train(run, loss, grad_norm, lr, dt_iter, mfu, tokens_per_iter):
+    """The console line and log record of a training step; loss and grad_norm are read here."""
+    lossf = loss.item()  # a sync with the device: only every log_interval
+    run.stop_if_not_finite("the training loss", lossf)
+    grad_normf = grad_norm.item()  # this iteration's, before clipping
+    line = (f"iter {run.iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
+            f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s")
+    if mfu:
+        line += f", mfu {mfu * 100:.1f}%"
+    run.say(line)
+    run.log({"event": "train", "iter": run.iter_num, "tokens": run.tokens, "loss": lossf,
+             "grad_norm": grad_normf, "lr": lr, "ms_per_iter": dt_iter * 1000,
+             "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+
+
+def train(cfg, given=frozenset()):
+    # --- set-up: the checkpoint to continue, processes, device, data, model ---------------------------------
+    rank, local_rank, world_size = ddp_env()
+    ddp = local_rank is not None  # started by torchrun
+    ckpt, changed = None, []
+    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
+        ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+        changed = resume_settings(cfg, given, ckpt)
+    check_schedule(cfg, world_size)
+    dev, device_type, dt, ctx = start_process(cfg, local_rank)
+    run = Run(cfg, rank, world_size, ddp, dev, ctx)
+    grad_accum = cfg.gradient_accumulation_steps // world_size
+    tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
+    data_dir, meta = prepare(cfg, run.master, ddp)
     model = build_model(cfg, given, meta, ckpt).to(dev)
-    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
-        raise ConfigError(f"dataset {cfg.dataset!r} is not the one the checkpoint was trained on (another tokenizer or "
-                          f"vocabulary); use --dataset={ckpt['config'].get('dataset')}")
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
-    loader = lambda split: ShardLoader(data_dir, split, cfg.batch_size, cfg.block_size, rank, world_size,
-                                       model.config.vocab_size, cfg.seed)
-    train_loader, eval_train_loader = loader("train"), loader("train")
+    meta_keys = ("tokenizer", "vocab_size", "chars")
+    same_data = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in meta_keys)
+    if not same_data:
+        raise ConfigError(f"dataset {cfg.dataset!r} is not the one the checkpoint was trained on (another "
+                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                           cfg.op_lr_scale)
+    loader_args = (cfg.batch_size, cfg.block_size, rank, world_size, model.config.vocab_size, cfg.seed)
+    train_loader = ShardLoader(data_dir, "train", *loader_args)
+    eval_loader = ShardLoader(data_dir, "train", *loader_args)
     val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, rank, world_size, model.config.vocab_size)
     try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts, counted once
         val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
     except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
         val_bytes = None
-        say(f"note: no bits per byte in this run: {e}")
-    rendered = None  # HellaSwag's examples as token rows, tokenised once
-    if cfg.hellaswag_interval:
-        if meta["tokenizer"] == "char":
-            raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary "
-                              "lacks most of its characters; use hellaswag_interval=0")
-        encode = get_tokenizer(meta)[0]
-        rendered = [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
-    iter_num, best_val_loss, tokens, resuming = 0, float("inf"), 0, ckpt is not None
+        run.say(f"note: no bits per byte in this run: {e}")
+    rendered = hellaswag_rows(cfg, meta)
+    resuming = ckpt is not None
     if resuming:
         load_optimizer_state(optimizer, ckpt)
-        iter_num, best_val_loss, tokens = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["tokens"]
+        run.iter_num, run.best_val_loss, run.tokens = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["tokens"]
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
-    if writes:  # everything checked: from here on this process owns out_dir
-        try:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            check_run_dir(cfg.out_dir, resuming)  # before the lock: nothing is written into others' folders
-            lock_run_dir(cfg.out_dir)
-            remove_temporaries(cfg.out_dir)
-        except OSError as e:
-            raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; choose another --out_dir") from None
-        if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing there
-            unlock_run_dir(cfg.out_dir)
-            raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate it with "
-                              f"--eval_only=True, or choose another --out_dir (rm -r {cfg.out_dir} to start over)")
-    start_iter, raw_model = iter_num, model
+    if run.writes:
+        claim_run_dir(cfg, resuming)
+    start_iter, raw_model = run.iter_num, model
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
-    if cfg.compile if cfg.compile is not None else device_type == "cuda":
-        say("compiling the model... (takes a minute)")
+    compile_model = cfg.compile
+    if compile_model is None:
+        compile_model = device_type == "cuda"
+    if compile_model:
+        run.say("compiling the model... (takes a minute)")
         model = torch.compile(model)
     if ddp:
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
-    def next_batch(loader):
-        x, y = loader.next_batch()
-        if device_type == "cuda":  # x, y are views of one (B, T+1) buffer: each is pinned as a compact copy
-            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
-            return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-        return x.to(dev), y.to(dev)
-
-    @torch.no_grad()
-    def estimate_loss():
-        """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an
-        estimate from the same eval_iters sampled batches every time (the split is too large to read whole),
-        averaged over the ranks."""
-        raw_model.eval()
-        val_sum = 0.0
-        for x, y in val_set.batches(cfg.batch_size):
-            with ctx:
-                val_sum += raw_model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss: the batch's mean
-        train_sum = torch.zeros((), device=dev)
-        eval_train_loader.reset()  # the same batches at every evaluation
-        for _ in range(cfg.eval_iters):
-            with ctx:
-                train_sum += raw_model(*next_batch(eval_train_loader))[1].float()
-        raw_model.train()
-        sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if ddp else "cpu")
-        if ddp:
-            torch.distributed.all_reduce(sums)
-        val_total, train_total = sums.tolist()
-        return {"val": val_total / val_set.count, "train": train_total / (cfg.eval_iters * world_size)}
-
-    def evaluate_and_save():
-        """Losses, bits per byte, HellaSwag when due and every head's (γ, δ), printed and logged; then the
-        checkpoints that are due."""
-        nonlocal best_val_loss
-        losses = estimate_loss()
-        record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": losses["train"],
-                  "val_loss": losses["val"], "val_tokens": val_set.count}
-        line = f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-        if val_bytes:  # nats per token -> bits per byte
-            record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
-            line += f" ({record['val_bpb']:.4f} bits/byte)"
-        if rendered is not None and (cfg.eval_only or iter_num % cfg.hellaswag_interval == 0
-                                     or iter_num == cfg.max_iters):  # rendered: hellaswag_interval is not 0
-            record["hellaswag"] = hellaswag.score(raw_model, rendered, cfg.batch_size, dev, rank, world_size,
-                                                  ctx)
-            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(rendered):,} examples)"
-        gamma, delta = raw_model.gamma_delta()
-        say(f"{line} | {corridor_summary(gamma, delta)}")
-        log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
-        stop_if_not_finite("the validation loss", losses["val"])
-        if not writes or iter_num == 0:
-            return
-        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "model_args": asdict(raw_model.config), "iter_num": iter_num,
-                 "best_val_loss": min(best_val_loss, losses["val"]), "tokens": tokens, "config": vars(cfg),
-                 "loader": train_loader.state_dict(), "meta": meta}
-        if losses["val"] < best_val_loss or cfg.always_save_checkpoint:
-            best_val_loss = state["best_val_loss"]
-            save_checkpoint(ckpt_path, state)
-            say(f"saved checkpoint to {ckpt_path}")
-        if cfg.save_every and iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-            path = os.path.join(cfg.out_dir, f"ckpt_{iter_num:06d}.pt")
-            save_checkpoint(path, state)
-            say(f"saved checkpoint to {path}")
-
-    def stop_if_not_finite(what, value):
-        if not math.isfinite(value):
-            last = f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path) else "no checkpoint was written"
-            raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
-                                     "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
-
-    # --- logging -------------------------------------------------------------------------------------------------
-    if writes:  # the log first: a config.json without a log is not a run's (see rundir.check_run_dir)
-        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg)) if cfg.wandb_log else None
-        run_log = RunLog(cfg.out_dir, resume_iter=iter_num if resuming else None, wandb_run=wandb_run)
-        save_config(cfg.out_dir, vars(cfg))
-        run_log.write({"event": "start", "iter": iter_num, "commit": git_commit(), "torch": torch.__version__,
-                       "device": dev, "dtype": dt, "world_size": world_size})
-    log = run_log.write if writes else lambda record: None
-    say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
+    # --- logging --------------------------------------------------------------------------------------------
+    if run.writes:
+        start_log(run, dt, resuming)
+    run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
-        say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
-    say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
-        f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-    if master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # small enough to count quickly
-        say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} (context-free token frequencies)")
+        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
+    run.say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
+            f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
+    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
+        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
+                "(context-free token frequencies)")
 
-    # --- the training loop -----------------------------------------------------------------------------------------
+    # --- the training loop ----------------------------------------------------------------------------------
     if not cfg.eval_only:  # untimed warm-up: torch.compile compiles, impl='auto' checks and times the kernel
         zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=dev)
         with ctx:  # one forward and backward; its gradients are dropped, so no weight changes
             model(zeros, zeros)[1].backward()
         optimizer.zero_grad(set_to_none=True)
-    t0, iter0 = time.time(), iter_num
+    t0, iter0 = time.time(), run.iter_num
     while True:
-        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-        if cfg.eval_only or due and (iter_num > start_iter or iter_num == 0):  # a resumed run was evaluated before its save
-            evaluate_and_save()
-            t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
-        if iter_num >= cfg.max_iters or cfg.eval_only:
+        due = run.iter_num % cfg.eval_interval == 0 or run.iter_num == cfg.max_iters
+        not_saved_yet = run.iter_num > start_iter or run.iter_num == 0  # a resumed run was evaluated before
+        if cfg.eval_only or (due and not_saved_yet):
+            val_loss = evaluate(run, raw_model, val_set, eval_loader, val_bytes, rendered)
+            if run.writes and run.iter_num > 0:
+                save_checkpoints(run, raw_model, optimizer, train_loader, meta, val_loss)
+            t0, iter0 = time.time(), run.iter_num  # keep evaluation out of the speed measurement
+        if run.iter_num >= cfg.max_iters or cfg.eval_only:
             break
-        lr = get_lr(iter_num, cfg)
+        lr = get_lr(run.iter_num, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        # dropout's randomness depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
-        torch.manual_seed(cfg.seed + 1000003 * iter_num + rank)
+        # dropout's randomness depends only on (seed, iteration, rank): a resumed run draws what an
+        # uninterrupted one would
+        torch.manual_seed(cfg.seed + 1000003 * run.iter_num + rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
             if ddp:  # sync gradients only at the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
             with ctx:
-                loss = model(*next_batch(train_loader))[1] / grad_accum  # the mean over all micro-steps' tokens
+                loss = model(*next_batch(train_loader, dev))[1] / grad_accum  # the mean over all micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
@@ -436,26 +543,20 @@ def train(cfg, given=frozenset()):
         scaler.update()
         raw_model.project()  # e.g. γ ≥ gamma_min
         optimizer.zero_grad(set_to_none=True)
-        iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
-        if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            lossf = loss_sum.item()  # a sync with the device: only every log_interval
-            stop_if_not_finite("the training loss", lossf)
-            dt_iter, t0, iter0 = (time.time() - t0) / (iter_num - iter0), time.time(), iter_num
+        run.iter_num, run.tokens = run.iter_num + 1, run.tokens + tokens_per_iter
+        if run.iter_num % cfg.log_interval == 0 or run.iter_num == cfg.max_iters:
+            dt_iter = (time.time() - t0) / (run.iter_num - iter0)
             mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
-            grad_normf = grad_norm.item()  # this iteration's, before clipping
-            say(f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
-                f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s"
-                + (f", mfu {mfu * 100:.1f}%" if mfu else ""))
-            log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf,
-                 "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+            log_train(run, loss_sum, grad_norm, lr, dt_iter, mfu, tokens_per_iter)
+            t0, iter0 = time.time(), run.iter_num
 
-    # --- the end ---------------------------------------------------------------------------------------------------
+    # --- the end --------------------------------------------------------------------------------------------
     gamma, delta = raw_model.gamma_delta()
     torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
-    say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
-    say(corridor_summary(gamma, delta))
-    if writes:
-        log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
+    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
+    run.say(corridor_summary(gamma, delta))
+    if run.writes:
+        run.log({"event": "done", "iter": run.iter_num, "best_val_loss": run.best_val_loss})
         unlock_run_dir(cfg.out_dir)
     if ddp:  # every rank reaches the end before the group goes: gloo aborts a process whose peers are gone
         torch.distributed.barrier()
