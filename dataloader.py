@@ -270,7 +270,8 @@ class ShardLoader:
         n_windows = (len(self.tokens) - 1 - offset) // self.T
         self.starts = offset + self.T * rng.permutation(n_windows)
 
-    def next_batch(self):
+    def next_batch(self, device="cpu"):
+        """This rank's next (x, y), both (B, T) on device."""
         if self.pos + self.step > len(self.starts):  # this shard is used up: next shard, or next epoch
             last = self.shard + 1 == len(self.shards)
             next_shard = (self.shard + 1) % len(self.shards)
@@ -279,7 +280,11 @@ class ShardLoader:
         windows = np.stack([self.tokens[s:s + self.T + 1] for s in mine])  # (B, T+1)
         buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
         self.pos += self.step
-        return buf[:, :-1], buf[:, 1:]
+        x, y = buf[:, :-1], buf[:, 1:]
+        if device.startswith("cuda"):  # x, y are views of one (B, T+1) buffer: each pinned as a compact copy
+            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
+            return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return x.to(device), y.to(device)
 
 
 class ValSet:

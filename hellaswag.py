@@ -10,8 +10,9 @@ examples.
     python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
     python train.py --init_from=gpt2 --dataset=openwebtext --eval_only=True --hellaswag_interval=1
 
-train.py scores it at evaluations when hellaswag_interval asks. The examples are split across the ranks; each
-rank scores its share in batches, and the counts are summed over the ranks.
+train.py renders the examples once (render_all) and scores them at evaluations when hellaswag_interval asks.
+The examples are split across the ranks; each rank scores its share in batches, and the counts are summed
+over the ranks.
 """
 import json
 import os
@@ -20,7 +21,9 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
+from configurator import ConfigError
 from dataloader import DataError
+from prepare_data import get_tokenizer
 
 
 def load_examples(out_dir="data"):
@@ -44,6 +47,15 @@ def render(example, encode, block_size):
         rows.append((context + ending)[-block_size:])
         ending_lengths.append(len(ending))
     return rows, ending_lengths, example["label"]
+
+
+def render_all(meta, dataset, block_size):
+    """Every val example rendered with the dataset's tokenizer (see render): tokenised once, for the run."""
+    if meta["tokenizer"] == "char":
+        raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {dataset!r}'s char vocabulary "
+                          "lacks most of its characters; use hellaswag_interval=0")
+    encode = get_tokenizer(meta)[0]
+    return [render(e, encode, block_size) for e in load_examples()]
 
 
 def batch_tensors(rendered):

@@ -8,6 +8,9 @@ A run directory, as train.py writes it and sample.py and corridor.py read it:
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
+train.py claims a directory (claim_run_dir), resumes from its checkpoint (resume_from_checkpoint) and keeps
+its loop's state in a Run, whose log and checkpoints start_log and save_checkpoints write.
+
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
 one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
 opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
@@ -18,11 +21,12 @@ import re
 import stat
 import subprocess
 import zipfile
+from dataclasses import asdict
 
 import filelock
 import torch
 
-from configurator import ConfigError, open_regular, read_regular, refuse_unless_regular
+from configurator import ConfigError, check, nonempty, open_regular, read_regular, refuse_unless_regular
 from dataloader import check_meta
 from model import GPT, GPTConfig
 
@@ -147,6 +151,23 @@ def check_run_dir(out_dir, resuming):
                           "into a new or empty directory or its own: choose another --out_dir")
 
 
+def claim_run_dir(out_dir, resuming):
+    """Everything is checked: from here on this process owns out_dir (no other run may hold it)."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        check_run_dir(out_dir, resuming)  # before the lock: nothing is written into others' folders
+        lock_run_dir(out_dir)
+        remove_temporaries(out_dir)
+    except OSError as e:
+        raise ConfigError(f"out_dir={out_dir!r} cannot hold a run: {e.strerror}; "
+                          "choose another --out_dir") from None
+    if not resuming and holds_a_run(out_dir):  # checked under the lock: no other run can be finishing
+        unlock_run_dir(out_dir)
+        raise ConfigError(f"{out_dir} already holds a run; continue it with --init_from=resume, evaluate "
+                          "it with --eval_only=True, or choose another --out_dir "
+                          f"(rm -r {out_dir} to start over)")
+
+
 def holds_a_run(out_dir):
     """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any training.
     A run killed while starting up has logged only its "start" record: starting again there loses nothing."""
@@ -222,6 +243,37 @@ def load_checkpoint(path):
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
                           "it was edited")
     return ckpt
+
+
+def resume_from_checkpoint(cfg, given, defaults, rules):
+    """(ckpt, changed): the checkpoint in out_dir when this run continues it (init_from=resume) or evaluates
+    it (eval_only with no other model), else None. A resumed run keeps its settings, checked again by rules,
+    and how it began, except the settings given now: those are changed, and said in changed."""
+    if not (cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")):
+        return None, []
+    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+    rules = {**rules, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
+    changed = []
+    for k, v in ckpt["config"].items():
+        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
+            continue
+        if k == "init_from" or k not in given:
+            setattr(cfg, k, check(k, v, defaults, rules))
+        elif getattr(cfg, k) != v:
+            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
+    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                          "raise --max_iters to train on")
+    return ckpt, changed
+
+
+def check_same_data(ckpt, meta, dataset):
+    """A resumed run reads data made by the tokenizer and vocabulary it was trained with (ckpt None: a new
+    run, nothing to check)."""
+    same = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in ("tokenizer", "vocab_size", "chars"))
+    if not same:
+        raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
+                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
 
 
 def why(e):
@@ -376,3 +428,58 @@ def wandb_numbers(record):
             for head, value in enumerate(heads):
                 numbers[f"{name}/L{layer}H{head}"] = value
     return numbers
+
+
+# -----------------------------------------------------------------------------
+# the run as train.py's loop sees it: its state, and what it writes into its directory
+
+class Run:
+    """What train.py's loop and its helpers share: the settings, this process's place, the device, the run's
+    counters, and its log (say prints on the master; log writes log.jsonl once start_log has opened it)."""
+
+    def __init__(self, cfg, rank, world_size, ddp, dev, ctx):
+        self.cfg, self.rank, self.world_size, self.ddp = cfg, rank, world_size, ddp
+        self.dev, self.ctx = dev, ctx
+        self.master = rank == 0  # only the master prints
+        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
+        self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+        self.iter_num, self.best_val_loss, self.tokens = 0, float("inf"), 0
+        self.run_log = None
+
+    def say(self, *args):
+        if self.master:
+            print(*args)
+
+    def log(self, record):
+        if self.run_log is not None:
+            self.run_log.write(record)
+
+
+def start_log(run, dt, resuming):
+    """The log first: a config.json without a log is not a run's (see check_run_dir)."""
+    cfg = run.cfg
+    wandb_run = None
+    if cfg.wandb_log:
+        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    run.run_log = RunLog(cfg.out_dir, resume_iter=run.iter_num if resuming else None, wandb_run=wandb_run)
+    save_config(cfg.out_dir, vars(cfg))
+    run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
+             "device": run.dev, "dtype": dt, "world_size": run.world_size})
+
+
+def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
+    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's
+    due."""
+    cfg = run.cfg
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "model_args": asdict(model.config), "iter_num": run.iter_num,
+             "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
+             "loader": train_loader.state_dict(), "meta": meta}
+    if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
+        run.best_val_loss = state["best_val_loss"]
+        save_checkpoint(run.ckpt_path, state)
+        run.say(f"saved checkpoint to {run.ckpt_path}")
+    if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
+        path = os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt")
+        save_checkpoint(path, state)
+        run.say(f"saved checkpoint to {path}")

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import bench
+import hardware
 import rundir
 import sample
 import train
@@ -282,7 +283,7 @@ def test_no_cuda_here(workdir):
 @pytest.mark.parametrize("dtype, want", [("auto", "float32"), ("float32", "float32"), ("bfloat16", "bfloat16")])
 def test_dtypes_on_cpu(dtype, want):
     """auto is float32 on a CPU; bfloat16 runs there too (only float16 does not)."""
-    assert train.pick_device_and_dtype(types.SimpleNamespace(device="cpu", dtype=dtype), None) == ("cpu", "cpu", want)
+    assert hardware.pick_device_and_dtype(types.SimpleNamespace(device="cpu", dtype=dtype), None) == ("cpu", "cpu", want)
 
 
 def test_no_mps_here(workdir):
@@ -308,7 +309,7 @@ def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypa
         "error: gradient_accumulation_steps=3 must be a multiple of the number of processes (2)")
     def reached(cfg, local_rank):  # stop before any process group is made
         raise ConfigError(f"on to the device, local_rank={local_rank}")
-    monkeypatch.setattr(train, "pick_device_and_dtype", reached)
+    monkeypatch.setattr(hardware, "pick_device_and_dtype", reached)
     assert train_error("--gradient_accumulation_steps=4") == "error: on to the device, local_rank=0"
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")

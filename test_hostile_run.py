@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import corridor
+import hardware
 import rundir
 import sample
 import train
@@ -321,12 +322,12 @@ def test_a_failure_of_one_rank_is_said_by_that_rank(workdir, monkeypatch):
         monkeypatch.setenv(key, value)
     def disk_gone(cfg, local_rank):
         raise OSError(f"rank {local_rank}'s disk is gone")
-    monkeypatch.setattr(train, "pick_device_and_dtype", disk_gone)
+    monkeypatch.setattr(hardware, "pick_device_and_dtype", disk_gone)
     assert train_error("--gradient_accumulation_steps=2") == "error: rank 1: rank 1's disk is gone"
 
 
 def test_a_gpu_this_node_lacks_is_that_ranks_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(train.RankError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
-        train.pick_device_and_dtype(train.parse_config(["--device=cuda", "--dtype=float32"])[0], 2)
+    with pytest.raises(hardware.RankError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
+        hardware.pick_device_and_dtype(train.parse_config(["--device=cuda", "--dtype=float32"])[0], 2)

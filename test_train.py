@@ -20,13 +20,15 @@ import numpy as np
 import pytest
 import torch
 
+import hardware
 import train
 from configurator import ConfigError, configure
 from dataloader import unigram_loss, write_shard
+from hardware import pick_device_and_dtype
 from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from prepare_data import get_tokenizer
-from train import build_model, corridor_summary, get_lr, parse_config, pick_device_and_dtype
+from train import build_model, corridor_summary, get_lr, parse_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # a model small enough that a few iterations take about a second on one CPU core
@@ -247,7 +249,7 @@ def test_speed_is_per_iteration_and_leaves_evaluation_out(workdir, monkeypatch, 
 
 def test_a_cpu_run_keeps_the_memory_a_step_frees(workdir, monkeypatch):
     calls = []
-    monkeypatch.setattr(train, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(hardware, "keep_freed_memory", lambda: calls.append("kept"))
     run("--max_iters=1", "--out_dir=out/keep")
     assert calls == ["kept"]
 

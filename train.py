@@ -8,35 +8,28 @@ Any setting can be overridden on the command line, after the config file (--help
 DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: see the README):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
-A run directory (out_dir) gets config.json (the settings that ran), log.jsonl (one JSON record per log line:
-losses, bits per byte, gradient norm, lr, speed and every head's (γ, δ)) and ckpt.pt (written atomically;
---init_from=resume continues it); with save_every, also ckpt_NNNNNN.pt copies for later analysis.
-
-The val loss is the mean loss over a fixed set of tokens, the first val_tokens of the val split read in order
-(dataloader.ValSet): the same number on every machine, for every seed, batch size and number of processes.
+A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt, which --init_from=resume continues (see
+rundir.py); with save_every, also ckpt_NNNNNN.pt copies for later analysis.
 """
 
 import importlib.util
-import json
 import math
 import os
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import torch
 
 import hellaswag
-from configurator import SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of, optional
+from configurator import SEED, ConfigError, at_least, configure, in_range, nonempty, one_of, optional
 from dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
-from hardware import keep_freed_memory
+from hardware import ddp_env, device_rule, end_process, exit_status, start_process
 from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
-from prepare_data import ensure_prepared, get_tokenizer, token_bytes
-from rundir import (RunLog, check_run_dir, git_commit, holds_a_run, load_checkpoint, load_optimizer_state,
-                    lock_run_dir, model_from_checkpoint, remove_temporaries, save_checkpoint, save_config,
-                    unlock_run_dir, why)
+from prepare_data import ensure_prepared, token_bytes
+from rundir import (Run, check_same_data, claim_run_dir, load_optimizer_state, model_from_checkpoint,
+                    resume_from_checkpoint, save_checkpoints, start_log, unlock_run_dir, why)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -83,13 +76,6 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", 
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
 
-def device_rule(key, value):
-    kind, _, index = value.partition(":")
-    if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
-        raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
-    return value
-
-
 def init_from_rule(key, value):
     if value not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(value):
         raise ConfigError(f"{key}={value!r} is not allowed: use scratch, resume, {', '.join(PRETRAINED)} "
@@ -105,34 +91,6 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=SEED, out_dir=nonempty,
              dataset=nonempty, device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
              dtype=one_of("auto", "float32", "bfloat16", "float16"))
-# a resumed run keeps how it began, but the local folder it was fine-tuned from may have moved since
-RESUME_RULES = {**RULES, "init_from": nonempty}
-
-
-class RankError(ConfigError):
-    """A failure of this process alone (its environment, its device): it says so itself, whatever its rank."""
-
-
-USE_TORCHRUN = "start DDP runs with torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE (or unset RANK)"
-
-
-def ddp_env():
-    """(rank, local_rank, world_size) from the environment torchrun sets, or (0, None, 1) outside torchrun."""
-    if "RANK" not in os.environ:
-        return 0, None, 1
-    values = []
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        text = os.environ.get(key)
-        if text is None:
-            raise RankError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
-        if not text.strip().isdigit():
-            raise RankError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
-        values.append(int(text))
-    rank, local_rank, world_size = values
-    if not local_rank <= rank < world_size:
-        raise RankError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
-                        f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
-    return rank, local_rank, world_size
 
 
 def defaults():
@@ -158,29 +116,6 @@ def get_lr(it, cfg):
         return cfg.min_lr
     ratio = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def pick_device_and_dtype(cfg, local_rank):
-    """cuda > mps > cpu, without touching CUDA on a machine that has none; bf16 where supported."""
-    dev = cfg.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if dev == "cuda" and local_rank is not None:
-        dev = f"cuda:{local_rank}"
-    device_type = dev.split(":")[0]
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
-    if not available[device_type]:
-        raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such device; "
-                          "use --device=cpu")
-    if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
-        raise RankError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
-                        "no more processes per node than it has GPUs")
-    dt = cfg.dtype
-    if dt == "auto":
-        dt = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
-    if device_type == "cpu" and dt == "float16":
-        raise ConfigError("dtype='float16' is not supported on CPU; use float32 or bfloat16")
-    return dev, device_type, dt
 
 
 def corridor_summary(gamma, delta):
@@ -225,22 +160,6 @@ def build_model(cfg, given, meta, ckpt):
     return model
 
 
-def resume_settings(cfg, given, ckpt):
-    """A resumed run keeps its settings and how it began, except those given now: those are returned, said."""
-    changed = []
-    for k, v in ckpt["config"].items():
-        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
-            continue
-        if k == "init_from" or k not in given:
-            setattr(cfg, k, check(k, v, defaults(), RESUME_RULES))
-        elif getattr(cfg, k) != v:
-            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
-    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
-        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
-                          "raise --max_iters to train on")
-    return changed
-
-
 def check_schedule(cfg, world_size):
     """Settings that only make sense together: checked before any device or file is touched."""
     if cfg.gradient_accumulation_steps % world_size:
@@ -254,24 +173,6 @@ def check_schedule(cfg, world_size):
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
 
 
-def start_process(cfg, local_rank):
-    """The device, its dtype and autocast context; the DDP group when torchrun started us; the seed."""
-    dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
-    if local_rank is not None:
-        from torch.distributed import init_process_group
-        if device_type == "cuda":
-            torch.cuda.set_device(dev)
-        init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    torch.manual_seed(cfg.seed)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    if device_type == "cpu":
-        keep_freed_memory()  # fewer page faults per step
-    ctx = nullcontext()
-    if dt != "float32":
-        ctx = torch.autocast(device_type, dtype=getattr(torch, dt))
-    return dev, device_type, dt, ctx
-
-
 def prepare(cfg, master, ddp):
     """The dataset's directory and meta: prepared once by the master while the others wait."""
     if master:
@@ -282,92 +183,21 @@ def prepare(cfg, master, ddp):
     return data_dir, load_meta(data_dir)
 
 
-def hellaswag_rows(cfg, meta):
-    """HellaSwag's examples as token rows, tokenised once; None when hellaswag_interval is 0."""
-    if not cfg.hellaswag_interval:
-        return None
-    if meta["tokenizer"] == "char":
-        raise ConfigError(f"HellaSwag needs a byte or gpt2 dataset: {cfg.dataset!r}'s char vocabulary "
-                          "lacks most of its characters; use hellaswag_interval=0")
-    encode = get_tokenizer(meta)[0]
-    return [hellaswag.render(e, encode, cfg.block_size) for e in hellaswag.load_examples()]
-
-
-def claim_run_dir(cfg, resuming):
-    """Everything is checked: from here on this process owns out_dir (no other run may hold it)."""
-    try:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        check_run_dir(cfg.out_dir, resuming)  # before the lock: nothing is written into others' folders
-        lock_run_dir(cfg.out_dir)
-        remove_temporaries(cfg.out_dir)
-    except OSError as e:
-        raise ConfigError(f"out_dir={cfg.out_dir!r} cannot hold a run: {e.strerror}; "
-                          "choose another --out_dir") from None
-    if not resuming and holds_a_run(cfg.out_dir):  # checked under the lock: no other run can be finishing
-        unlock_run_dir(cfg.out_dir)
-        raise ConfigError(f"{cfg.out_dir} already holds a run; continue it with --init_from=resume, evaluate "
-                          "it with --eval_only=True, or choose another --out_dir "
-                          f"(rm -r {cfg.out_dir} to start over)")
-
-
-class Run:
-    """What the loop's helpers share: the settings, this process's place, the device, the run's counters."""
-
-    def __init__(self, cfg, rank, world_size, ddp, dev, ctx):
-        self.cfg, self.rank, self.world_size, self.ddp = cfg, rank, world_size, ddp
-        self.dev, self.ctx = dev, ctx
-        self.master = rank == 0  # only the master prints
-        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
-        self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-        self.iter_num, self.best_val_loss, self.tokens = 0, float("inf"), 0
-        self.run_log = None
-
-    def say(self, *args):
-        if self.master:
-            print(*args)
-
-    def log(self, record):
-        if self.run_log is not None:
-            self.run_log.write(record)
-
-    def stop_if_not_finite(self, what, value):
-        if math.isfinite(value):
-            return
-        last = "no checkpoint was written"
-        if os.path.exists(self.ckpt_path):
-            last = f"the last good checkpoint {self.ckpt_path} is untouched"
-        raise FloatingPointError(f"{what} became {value} at iter {self.iter_num}; stopping ({last}). "
-                                 "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
-
-
-def start_log(run, dt, resuming):
-    """The log first: a config.json without a log is not a run's (see rundir.check_run_dir)."""
-    cfg = run.cfg
-    wandb_run = None
-    if cfg.wandb_log:
-        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
-    resume_iter = None
-    if resuming:
-        resume_iter = run.iter_num
-    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run)
-    save_config(cfg.out_dir, vars(cfg))
-    run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
-             "device": run.dev, "dtype": dt, "world_size": run.world_size})
-
-
-def next_batch(loader, dev):
-    x, y = loader.next_batch()
-    if dev.startswith("cuda"):  # x, y are views of one (B, T+1) buffer: each is pinned as a compact copy
-        x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
-        return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-    return x.to(dev), y.to(dev)
+def stop_if_not_finite(run, what, value):
+    if math.isfinite(value):
+        return
+    last = "no checkpoint was written"
+    if os.path.exists(run.ckpt_path):
+        last = f"the last good checkpoint {run.ckpt_path} is untouched"
+    raise FloatingPointError(f"{what} became {value} at iter {run.iter_num}; stopping ({last}). "
+                             "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
 
 
 @torch.no_grad()
 def estimate_loss(run, model, val_set, eval_loader):
-    """The val loss: the mean over the fixed val set, every rank's share summed. The train loss: an
-    estimate from the same eval_iters sampled batches every time (the split is too large to read whole),
-    averaged over the ranks."""
+    """The val loss: the mean over the fixed val set (dataloader.ValSet: the same tokens on every machine, for
+    every seed, batch size and number of processes), every rank's share summed. The train loss: the mean of
+    the same eval_iters sampled batches every time (the split is too large to read whole) over the ranks."""
     cfg, dev = run.cfg, run.dev
     model.eval()
     val_sum = 0.0
@@ -378,7 +208,7 @@ def estimate_loss(run, model, val_set, eval_loader):
     eval_loader.reset()  # the same batches at every evaluation
     for _ in range(cfg.eval_iters):
         with run.ctx:
-            train_sum += model(*next_batch(eval_loader, dev))[1].float()
+            train_sum += model(*eval_loader.next_batch(dev))[1].float()
     model.train()
     sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if run.ddp else "cpu")
     if run.ddp:
@@ -405,31 +235,14 @@ def evaluate(run, model, val_set, eval_loader, val_bytes, rendered):
     gamma, delta = model.gamma_delta()
     run.say(f"{line} | {corridor_summary(gamma, delta)}")
     run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
-    run.stop_if_not_finite("the validation loss", losses["val"])
+    stop_if_not_finite(run, "the validation loss", losses["val"])
     return losses["val"]
-
-
-def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
-    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
-    cfg = run.cfg
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "model_args": asdict(model.config), "iter_num": run.iter_num,
-             "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
-             "loader": train_loader.state_dict(), "meta": meta}
-    if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
-        run.best_val_loss = state["best_val_loss"]
-        save_checkpoint(run.ckpt_path, state)
-        run.say(f"saved checkpoint to {run.ckpt_path}")
-    if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-        path = os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt")
-        save_checkpoint(path, state)
-        run.say(f"saved checkpoint to {path}")
 
 
 def log_train(run, loss, grad_norm, lr, dt_iter, mfu, tokens_per_iter):
     """The console line and log record of a training step; loss and grad_norm are read here."""
     lossf = loss.item()  # a sync with the device: only every log_interval
-    run.stop_if_not_finite("the training loss", lossf)
+    stop_if_not_finite(run, "the training loss", lossf)
     grad_normf = grad_norm.item()  # this iteration's, before clipping
     line = (f"iter {run.iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
             f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s")
@@ -445,10 +258,7 @@ def train(cfg, given=frozenset()):
     # --- set-up: the checkpoint to continue, processes, device, data, model ---------------------------------
     rank, local_rank, world_size = ddp_env()
     ddp = local_rank is not None  # started by torchrun
-    ckpt, changed = None, []
-    if cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch"):
-        ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-        changed = resume_settings(cfg, given, ckpt)
+    ckpt, changed = resume_from_checkpoint(cfg, given, defaults(), RULES)
     check_schedule(cfg, world_size)
     dev, device_type, dt, ctx = start_process(cfg, local_rank)
     run = Run(cfg, rank, world_size, ddp, dev, ctx)
@@ -456,11 +266,7 @@ def train(cfg, given=frozenset()):
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     data_dir, meta = prepare(cfg, run.master, ddp)
     model = build_model(cfg, given, meta, ckpt).to(dev)
-    meta_keys = ("tokenizer", "vocab_size", "chars")
-    same_data = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in meta_keys)
-    if not same_data:
-        raise ConfigError(f"dataset {cfg.dataset!r} is not the one the checkpoint was trained on (another "
-                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
+    check_same_data(ckpt, meta, cfg.dataset)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
     loader_args = (cfg.batch_size, cfg.block_size, rank, world_size, model.config.vocab_size, cfg.seed)
@@ -472,7 +278,9 @@ def train(cfg, given=frozenset()):
     except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
         val_bytes = None
         run.say(f"note: no bits per byte in this run: {e}")
-    rendered = hellaswag_rows(cfg, meta)
+    rendered = None  # HellaSwag's examples as token rows
+    if cfg.hellaswag_interval:
+        rendered = hellaswag.render_all(meta, cfg.dataset, cfg.block_size)
     resuming = ckpt is not None
     if resuming:
         load_optimizer_state(optimizer, ckpt)
@@ -480,13 +288,10 @@ def train(cfg, given=frozenset()):
         train_loader.load_state_dict(ckpt["loader"])
         ckpt = None  # free the memory
     if run.writes:
-        claim_run_dir(cfg, resuming)
+        claim_run_dir(cfg.out_dir, resuming)
     start_iter, raw_model = run.iter_num, model
     scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
-    compile_model = cfg.compile
-    if compile_model is None:
-        compile_model = device_type == "cuda"
-    if compile_model:
+    if cfg.compile or (cfg.compile is None and device_type == "cuda"):  # None: on for CUDA, off elsewhere
         run.say("compiling the model... (takes a minute)")
         model = torch.compile(model)
     if ddp:
@@ -525,15 +330,14 @@ def train(cfg, given=frozenset()):
         lr = get_lr(run.iter_num, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        # dropout's randomness depends only on (seed, iteration, rank): a resumed run draws what an
-        # uninterrupted one would
+        # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
         torch.manual_seed(cfg.seed + 1000003 * run.iter_num + rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
             if ddp:  # sync gradients only at the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
             with ctx:
-                loss = model(*next_batch(train_loader, dev))[1] / grad_accum  # the mean over all micro-steps
+                loss = model(*train_loader.next_batch(dev))[1] / grad_accum  # the mean over all micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
@@ -558,9 +362,7 @@ def train(cfg, given=frozenset()):
     if run.writes:
         run.log({"event": "done", "iter": run.iter_num, "best_val_loss": run.best_val_loss})
         unlock_run_dir(cfg.out_dir)
-    if ddp:  # every rank reaches the end before the group goes: gloo aborts a process whose peers are gone
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    end_process(ddp)
     return raw_model
 
 
@@ -568,12 +370,7 @@ def main(argv=None):
     try:
         return train(*parse_config(sys.argv[1:] if argv is None else argv))
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
-        rank = os.environ.get("RANK", "0")
-        if rank == "0":
-            sys.exit(f"error: {e}")
-        # every rank reads the same settings and files: such an error is said once, by rank 0
-        shared = isinstance(e, ValueError) and not isinstance(e, RankError)
-        sys.exit(1 if shared else f"error: rank {rank}: {e}")
+        sys.exit(exit_status(e))
     except KeyboardInterrupt:
         sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")
 
