@@ -59,9 +59,7 @@ class GPTConfig:
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
     controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset: defaults
     impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
-    # GPT-2 was trained with the tanh approximation, so its imported weights need it; a model trained from
-    # scratch does not care, and the exact GELU is the faster one on CPUs
-    gelu: str = "none"  # the GELU: none (exact) or tanh (GPT-2's approximation)
+    gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
     def __post_init__(self):
         def bad(key, allowed):
@@ -125,8 +123,7 @@ class CausalSelfAttention(nn.Module):
         elif impl == "materialized":
             y = operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
         else:
-            # P·V, flash attention
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
             y = self.op(v, y)  # (a·I + b·P)·V: the one new line
         if cache == {}:  # the prompt: keep its keys and values for the tokens to come
             cache.update(k=k, v=v)
@@ -189,15 +186,13 @@ class GPT(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def get_num_params(self, non_embedding=True):
-        """Trainable parameters (frozen γ/δ are buffers, not counted); minus position embeddings by
-        default."""
+        """Trainable parameters (frozen γ/δ are buffers), minus the position embeddings by default."""
         n = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per
-        layer, all empty (idx is the prompt) or all holding the keys and values of the positions before
-        idx."""
+        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per layer,
+        all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
         t0 = 0  # the position of idx's first token: after those already cached
         if cache and cache[0]:
@@ -226,8 +221,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def gamma_delta(self):
-        """Effective (γ, δ) of every head, each (n_layer, n_head): a·I + b·P = δ(γI + P) with γ = a/b,
-        δ = b."""
+        """Every head's effective (γ, δ), each (n_layer, n_head): a·I + b·P = δ(γI + P), γ = a/b, δ = b."""
         coefficients = [op.coefficients() for op in self.head_operators()]  # one (a, b) per layer
         a, b = (torch.stack(t).float().cpu() for t in zip(*coefficients))
         return a / b, b
@@ -256,8 +250,7 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
-        """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPU/unknown
-        devices."""
+        """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPUs."""
         peak = hardware.peak_flops(self.lm_head.weight.device)
         if peak is None:
             return None
@@ -312,14 +305,13 @@ class GPT(nn.Module):
                 raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' "
                                  f"save_pretrained ({e.__class__.__name__}: it lacks a GPT-2 config.json "
                                  "or weights)") from None
-            raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub "
-                             f"({e.__class__.__name__}); "
+            kind = e.__class__.__name__
+            raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub ({kind}); "
                              "offline, pass a local directory saved with save_pretrained instead") from None
         c = hf.config
         config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
                            n_head=c.n_head, n_embd=c.n_embd, bias=True, gelu="tanh", op=op,
-                           controls=controls or {},
-                           dropout=dropout, impl=impl)
+                           controls=controls or {}, dropout=dropout, impl=impl)
         model = cls(config)
         sd, sd_hf = model.state_dict(), hf.state_dict()
         # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
@@ -366,7 +358,6 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
     print("row sums:", M[h].sum(-1),
           f"  (each row of δ(γI + P) sums to δ(1 + γ) = {delta * (1 + gamma):.3f})")
 
-
     # the convex corridor: for γ in (-1, 0), δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P)
     g, d = -0.3, 1.7
     P = causal_softmax(q, k)[0, 0]  # (T, T)
@@ -374,7 +365,6 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
     lhs, rhs = d * (g * I + P), d * (abs(g) * (P - I) + (1 - abs(g)) * P)
     print(f"corridor identity at γ={g}, δ={d}: max |δ(γI+P) - δ(|γ|(P-I) + (1-|γ|)P)| = "
           f"{(lhs - rhs).abs().max():.1e}")
-
     return M
 
 

@@ -40,15 +40,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import filelock
 import numpy as np
 
-from configurator import ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular, optional
+from configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular, optional,
+                          refuse_unless_regular)
 from dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
-
-try:
-    import fcntl  # POSIX file locks: the OS releases them when the process dies, even by kill -9
-except ImportError:  # Windows: no lock, so do not start two preparations of one dataset at once there
-    fcntl = None
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -267,22 +264,25 @@ def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
     # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
     lock_path = os.path.join(out_dir, f".{name}.lock")
+    # the operating system's lock, as the run directory's (rundir.lock_run_dir): flock, or LockFileEx on
+    # Windows, released when the process dies, even by kill -9; its file stays. Where the OS has none,
+    # filelock uses a marker file, which it must remove to release.
+    lock = filelock.FileLock(lock_path, preserve_lock_file=filelock.FileLock is not filelock.SoftFileLock)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        lock = open_regular(lock_path, "ab+")  # kept: its content does not matter
+        refuse_unless_regular(lock_path)  # a link, a folder or a FIFO there is refused, never followed
+        try:
+            lock.acquire(blocking=False)
+        except filelock.Timeout:
+            print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
+            lock.acquire()
     except FileExistsError:
         raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into another folder "
                         "with prepare_data.py --out_dir=DIR") from None
     except OSError as e:
         raise DataError(f"the data folder {out_dir} cannot be written to ({e.strerror}: {e.filename}); use "
                         "another one with prepare_data.py --out_dir=DIR") from None
-    with lock:
-        if fcntl:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
-                fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
         staging = dataset_dirs(out_dir, name)[1]
         if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
             os.remove(staging)
@@ -293,6 +293,8 @@ def preparing(out_dir, name):
                 raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
                                 "finished ones are kept: free some space and run the same command again") from None
             raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
+    finally:
+        lock.release()
 
 
 def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
