@@ -7,7 +7,10 @@ computed flash-attention style, without ever storing the T×T matrix P; the forw
 writing the output tile. The backward is flash-attention-2: recompute P tile by tile from the saved logsumexp.
 
     out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
-    usable(q.device, q.dtype, q.shape)   # impl='auto': correct here (float64 check) and faster than SDPA?
+
+On a GPU, mix_attention picks its launch configs at first use, checking each against float64 and timing it
+against SDPA (kernel_check.tune); impl='auto' asks kernel_check.usable whether the kernel is correct and
+faster here.
 
 Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads.
 Like SDPA's flash backward, dq is summed with fp32 atomics: on a GPU its last bits vary from run to run.
@@ -16,16 +19,12 @@ Like SDPA's flash backward, dq is summed with fp32 atomics: on a GPU its last bi
                            # on a CPU, the float64 checks in the Triton interpreter
 """
 import contextlib
-import functools
 import itertools
 import math
 import os
 import sys
-import time
-import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 if __name__ == "__main__":  # the checks live in kernel_check.py, which imports this file as module `kernel`
@@ -36,7 +35,6 @@ if __name__ == "__main__":  # the checks live in kernel_check.py, which imports 
 
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 POISON = False  # tests set this: outputs start as NaN, so any element a kernel forgets to write shows up
@@ -194,8 +192,8 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     _store_rows(DV + own, keys, a * do_own + b * dv, T, H * D, D)
     _store_rows(DK + own, keys, dk, T, H * D, D)
 # -----------------------------------------------------------------------------
-# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks, and the checks
-# behind impl='auto': every launch config is tested against float64 on the device before use, then timed
+# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks. On a GPU,
+# kernel_check.tune tests every launch config against float64 on the device before use, then times it
 # against SDPA.
 
 
@@ -255,7 +253,8 @@ def _qkv(q, k, v):  # the kernels take one set of strides for q, k, v, with a un
 @torch.library.custom_op("nanocorridor::mix_attention_fwd", mutates_args=())
 def _mix_fwd(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, fwd_cfg: list[int], bwd_cfg: list[int]
              ) -> tuple[Tensor, Tensor, Tensor]:
-    (q, k, v), (B, H, T, D) = _qkv(q, k, v), q.shape
+    q, k, v = _qkv(q, k, v)
+    B, H, T, D = q.shape
     out, pv, lse = _new(q), _new(q), q.new_empty((B, H, T), dtype=torch.float32)
     with _on(q.device):
         _fwd_kernel[(B * H, triton.cdiv(T, fwd_cfg[0]))](
@@ -268,7 +267,8 @@ def _mix_fwd(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, fwd_cfg: lis
 def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, pv: Tensor, lse: Tensor,
              bwd_cfg: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q, k, v = _qkv(q, k, v)
-    (B, H, T, D), strides, a, b = q.shape, q.stride()[:3], a.contiguous(), b.contiguous()
+    B, H, T, D = q.shape
+    strides, a, b = q.stride()[:3], a.contiguous(), b.contiguous()
     if dout.shape != q.shape or pv.shape != q.shape or lse.shape != (B, H, T):
         raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse "
                          f"{(B, H, T)}, got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
@@ -343,169 +343,16 @@ def mix_attention(q, k, v, a, b, configs=None):
     """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,).
     Differentiable.
     configs: the (forward, backward) launch configs; None: SMALL in the interpreter, on a GPU the fastest of
-    the configs that pass accuracy() for this shape bucket, chosen at first use (ValueError if none does)."""
+    the configs that pass kernel_check.accuracy() for this shape bucket, chosen at first use by
+    kernel_check.tune() (ValueError if none passes)."""
     _check_inputs(q, k, v, a, b)
     if configs is None and INTERPRET:
         configs = SMALL
     elif configs is None:
-        configs = tune(q.device, q.dtype, tuple(q.shape))
-        if configs is None:
+        import kernel_check  # here, not at the top: kernel_check imports this file
+        tuned = kernel_check.tune(q.device, q.dtype, tuple(q.shape))
+        if tuned is None:
             raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
                              f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
-        configs = configs[0]
+        configs = tuned[0]
     return _mix_fwd(q, k, v, a, b, list(configs[0]), list(configs[1]))[0]  # (B, H, T, D)
-
-# -----------------------------------------------------------------------------
-# The checks behind impl='auto', the way torch.backends.cudnn.benchmark picks algorithms: on the user's
-# device, at first use, never inside CUDA-graph capture. Each takes the function under test, so tests can
-# plant wrong ones.
-
-# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: about 5 and 8-10 unit
-# roundoffs u (bf16 2^-8; fp16 and tf32 2^-11; fp32 dots run in tf32 unless TF32 is off, then pass easily).
-TOLERANCES = {torch.bfloat16: (2e-2, 3e-2), torch.float16: (2e-3, 5e-3), torch.float32: (2e-3, 5e-3)}
-# one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels where P is
-# close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
-CHECK_HEADS = dict(a=[0.0, 1.0, -0.4 * 1.3, 0.3], b=[1.0, -1.0, 1.3, 0.8], q_scale=[8.0, 1.0, 1.0, 1.0])
-
-
-def model_inputs(B, H, T, D, dtype, device, seed=0):
-    """q, k, v as the model makes them (transposed views of one (B, T, 3·H·D) tensor), a, b, and dout as the
-    model's backward sends it. H = 4 gives CHECK_HEADS; other H heads ranging from attention to Laplacian."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, 3 * H * D, generator=g)
-    a, b = torch.linspace(0, 1, H), torch.linspace(1, -1, H)  # attention ... Laplacian
-    if H == len(CHECK_HEADS["a"]):
-        a, b = torch.tensor(CHECK_HEADS["a"]), torch.tensor(CHECK_HEADS["b"])
-        x[..., :H * D] *= torch.tensor(CHECK_HEADS["q_scale"]).repeat_interleave(D)
-    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in x.to(device, dtype).split(H * D, dim=2))
-    dout = torch.randn(B, T, H, D, generator=g).to(device, dtype).transpose(1, 2)
-    return [t.detach().requires_grad_() for t in (q, k, v, a.to(device), b.to(device))], dout
-
-
-# a different computation from the kernel's: PyTorch's SDPA plus the identity term
-def reference(q, k, v, a, b):
-    return a[:, None, None] * v + b[:, None, None] * F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def _fwd_bwd(fn, leaves, dout):  # (out, dq, dk, dv, da, db)
-    out = fn(*leaves)
-    return (out, *torch.autograd.grad(out, leaves, dout))
-
-
-def accuracy(fn, device, dtype, D, T=301):
-    """fn's out and five gradients against float64 on this device, at a ragged T (full, diagonal and padded
-    tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its
-    last bits). Returns rows (what, error, tolerance): error = max|x - ref| / max|ref|, NaN unless finite."""
-    leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
-    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    want = _fwd_bwd(reference, ref_leaves, dout.double())
-    first, second = _fwd_bwd(fn, leaves, dout), _fwd_bwd(fn, leaves, dout)
-    rows = []
-    for i, name in enumerate(("out", "dq", "dk", "dv", "da", "db")):
-        tol = TOLERANCES[dtype][i > 0]
-        rows.append((name, _error(first[i], want[i]), tol))
-        rows.append((f"{name} run twice", _error(second[i], first[i].double()), tol / 2))
-    return rows
-
-
-def _error(x, ref):
-    err = (x.detach().double() - ref).abs().max() / ref.abs().max().clamp_min(1e-3)
-    return err.item() if torch.isfinite(x).all() else float("nan")
-
-
-def failures(rows):
-    return [f"{name} error {err:.1e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]  # NaN fails
-
-
-def time_fwd_bwd(fn, device, dtype, shape):
-    """Median ms of fn's forward + backward at this shape, model layout: do_bench on a GPU, a clock on CPU."""
-    B, H, T, D = shape
-    leaves, dout = model_inputs(B, H, T, D, dtype, device)
-
-    def step():
-        torch.autograd.grad(fn(*leaves), leaves, dout)
-    if device.type == "cuda":
-        return do_bench(step, warmup=10, rep=40, return_mode="median")
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1000)
-    return sorted(times)[1]
-
-
-_verified = {}  # (device, dtype, D, dot precision) -> the candidate config pairs that pass accuracy()
-_tuned = {}  # (device, dtype, D, dot precision, B·H, T bucket) -> (fastest verified pair, faster than SDPA?)
-
-
-def _verify(device, dtype, D, kernel):
-    """The candidate config pairs whose kernel passes accuracy() here; if none does, warns, in one line."""
-    passed, why = [], "no launch config"
-    for pair in candidates(device, dtype, D):
-        try:
-            bad = failures(accuracy(functools.partial(kernel, configs=pair), device, dtype, D))
-        except Exception as e:  # e.g. out of shared memory on a smaller GPU
-            bad = [f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"]
-        if bad:
-            why = f"config {pair}: {bad[0]}"
-        else:
-            passed.append(pair)
-    if not passed:
-        warnings.warn(f"kernel.usable: the fused Triton kernel failed its float64 check on {device}, "
-                      f"{dtype}, head size {D} ({why}); using SDPA instead.")
-    return passed
-
-
-def tuning_key(device, dtype, shape):  # (device, dtype, D, dot precision, B·H, T rounded up to a power of 2)
-    B, H, T, D = shape
-    return str(device), dtype, D, _precision(dtype), B * H, min(triton.next_power_of_2(T), 8192)
-
-
-@torch.compiler.assume_constant_result  # torch.compile calls it once while tracing and keeps the answer
-def tune(device, dtype, shape, kernel=mix_attention):
-    """For q of this shape (B, H, T, D): (the fastest launch config pair that passes accuracy(), whether the
-    kernel's forward + backward beats SDPA + epilogue), or None where no config passes. Checked once per
-    (device, dtype, D), timed once per B·H and T rounded up to a power of 2 (≤ 8192). Refuses to run inside
-    CUDA-graph capture (RuntimeError): checks and timings need synchronisation."""
-    device = _device(device)
-    D, key = shape[-1], tuning_key(device, dtype, shape)
-    if key in _tuned:
-        return _tuned[key]
-    if _capturing(device):
-        raise RuntimeError("kernel.tune: cannot check or time the kernel inside CUDA-graph capture; "
-                           "run the model once before capturing")
-    with _on(device), torch.inference_mode(False), torch.enable_grad():  # whatever mode the caller is in
-        if key[:4] not in _verified:
-            _verified[key[:4]] = _verify(device, dtype, D, kernel)
-        times = {pair: time_fwd_bwd(functools.partial(kernel, configs=pair), device, dtype, shape)
-                 for pair in _verified[key[:4]]}
-        if times:
-            fastest = min(times, key=times.get)
-            _tuned[key] = (fastest, times[fastest] < time_fwd_bwd(reference, device, dtype, shape))
-        else:
-            _tuned[key] = None
-    return _tuned[key]
-
-
-@torch.compiler.assume_constant_result
-def usable(device, dtype, shape, kernel=mix_attention) -> bool:
-    """For impl='auto': is the kernel correct and faster than SDPA + epilogue here, for q of this shape?
-    (tune()) False for head sizes the kernel is not built for, and inside CUDA-graph capture before tune()."""
-    device, shape = _device(device), tuple(shape)
-    if shape[-1] not in HEAD_DIMS:
-        return False
-    if _capturing(device) and tuning_key(device, dtype, shape) not in _tuned:  # SDPA is right, always
-        return False
-    tuned = tune(device, dtype, shape, kernel)
-    return tuned is not None and tuned[1]
-
-
-def _device(device):  # "cuda" means the current CUDA device: name its index, so that it has one tuning key
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _capturing(device):
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -29,12 +29,12 @@ IMPLS = ("auto", "sdpa", "materialized", "triton")
 def resolve_impl(impl, op, q, dropout_p):
     """'auto': the fused Triton kernel on CUDA where it applies (triton installed, head size supported, no
     attention dropout) and where, at first use on this GPU, it passed its float64 check and beat SDPA +
-    epilogue at this shape (kernel.usable); SDPA otherwise. Plain attention gains nothing from the kernel."""
+    epilogue at this shape (kernel_check.usable); SDPA otherwise. Plain attention gains nothing from it."""
     if impl != "auto":
         return impl
     if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
         try:
-            from kernel import usable  # lazy: imports triton
+            from kernel_check import usable  # lazy: imports triton
         except ImportError:
             return "sdpa"
         if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import kernel
+import kernel_check
 from kernel import mix_attention
 from operators import operator_matrix
 
@@ -174,18 +175,19 @@ def test_bad_inputs_raise_value_error(i):
         mix_attention(*args)
 
 # -----------------------------------------------------------------------------
-# The checks behind impl='auto': kernel.accuracy, the timing, usable() and tune(). Planted kernels, built on
-# the float64-accurate SDPA reference so that they run fast on a CPU, each carry a bug the checks must catch.
+# The checks behind impl='auto' (kernel_check.py): accuracy(), the timing, usable() and tune(). Planted
+# kernels, built on the float64-accurate SDPA reference so that they run fast on a CPU, each carry a bug the
+# checks must catch.
 
 CPU = torch.device("cpu")
 
 
 def exact(q, k, v, a, b, configs=None):  # a kernel with no bug
-    return kernel.reference(q, k, v, a, b)
+    return kernel_check.reference(q, k, v, a, b)
 
 
 def one_percent_off(q, k, v, a, b, configs=None):
-    return 1.01 * kernel.reference(q, k, v, a, b)
+    return 1.01 * kernel_check.reference(q, k, v, a, b)
 
 
 def dv_without_identity_term(q, k, v, a, b, configs=None):  # out is right; dv misses a·dout
@@ -194,16 +196,16 @@ def dv_without_identity_term(q, k, v, a, b, configs=None):  # out is right; dv m
 
 
 def b_sign_flipped(q, k, v, a, b, configs=None):  # a·v - b·P·v
-    return kernel.reference(q, k, v, a, -b)
+    return kernel_check.reference(q, k, v, a, -b)
 
 
 def nan_output(q, k, v, a, b, configs=None):
-    return kernel.reference(q, k, v, a, b) * float("nan")
+    return kernel_check.reference(q, k, v, a, b) * float("nan")
 
 
 def slower(q, k, v, a, b, configs=None):  # right, but slower than SDPA + epilogue
     time.sleep(0.02)
-    return kernel.reference(q, k, v, a, b)
+    return kernel_check.reference(q, k, v, a, b)
 
 
 def racy():
@@ -213,21 +215,21 @@ def racy():
 
     def fn(q, k, v, a, b, configs=None):
         calls.append(1)
-        return (1.0 + 1.5e-3 * (len(calls) > 1)) * kernel.reference(q, k, v, a, b)
+        return (1.0 + 1.5e-3 * (len(calls) > 1)) * kernel_check.reference(q, k, v, a, b)
     return fn
 
 
 @pytest.fixture
 def fresh_checks(monkeypatch):  # empty caches: every usable() and tune() checks and times afresh
-    monkeypatch.setattr(kernel, "_verified", {})
-    monkeypatch.setattr(kernel, "_tuned", {})
+    monkeypatch.setattr(kernel_check, "_verified", {})
+    monkeypatch.setattr(kernel_check, "_tuned", {})
 
 
 def test_accuracy_passes_the_kernel():
     """The real kernel (in the interpreter on a CPU) passes at a ragged T; every row has its tolerance."""
-    rows = kernel.accuracy(mix_attention, torch.device(DEVICE), torch.float32, 16, T=77)
+    rows = kernel_check.accuracy(mix_attention, torch.device(DEVICE), torch.float32, 16, T=77)
     assert [name for name, _, _ in rows[::2]] == ["out", "dq", "dk", "dv", "da", "db"]
-    assert [tol for _, _, tol in rows[:4]] == [2e-3, 1e-3, 5e-3, 2.5e-3] and kernel.failures(rows) == []
+    assert [tol for _, _, tol in rows[:4]] == [2e-3, 1e-3, 5e-3, 2.5e-3] and kernel_check.failures(rows) == []
 
 
 @pytest.mark.parametrize("planted, caught", [
@@ -238,9 +240,9 @@ def test_accuracy_passes_the_kernel():
     (racy(), "out run twice"),
 ])
 def test_accuracy_refuses_planted_kernels(planted, caught):
-    bad = kernel.failures(kernel.accuracy(planted, CPU, torch.float32, 16, T=70))
+    bad = kernel_check.failures(kernel_check.accuracy(planted, CPU, torch.float32, 16, T=70))
     assert ", ".join(b.split(" error ")[0] for b in bad) == caught, bad
-    assert kernel.failures(kernel.accuracy(exact, CPU, torch.float32, 16, T=70)) == []
+    assert kernel_check.failures(kernel_check.accuracy(exact, CPU, torch.float32, 16, T=70)) == []
 
 
 def test_usable_refuses_a_wrong_kernel_warns_once_and_tune_says_so(fresh_checks):
@@ -248,13 +250,15 @@ def test_usable_refuses_a_wrong_kernel_warns_once_and_tune_says_so(fresh_checks)
     message = (r"failed its float64 check on cpu, torch.float32, head size 16 \(config "
                r"\(\(32, 16, 4, 1\), \(16, 32, 4, 1\)\): dv error .*\); using SDPA")
     with pytest.warns(UserWarning, match=message) as rec:
-        assert kernel.usable(CPU, torch.float32, shape, kernel=dv_without_identity_term) is False
+        assert kernel_check.usable(CPU, torch.float32, shape, kernel=dv_without_identity_term) is False
     assert len(rec) == 1 and "\n" not in str(rec[0].message)
     with warnings.catch_warnings():  # the same device, dtype and head size again: no second check, no warning
         warnings.simplefilter("error")
-        assert kernel.usable(CPU, torch.float32, (8, 4, 300, 16), kernel=dv_without_identity_term) is False
-        assert kernel.tune(CPU, torch.float32, shape) is None
-        assert kernel.usable(CPU, torch.float32, (2, 4, 64, 48)) is False  # not built for this head size
+        assert kernel_check.usable(CPU, torch.float32, (8, 4, 300, 16),
+                                   kernel=dv_without_identity_term) is False
+        assert kernel_check.tune(CPU, torch.float32, shape) is None
+        # not built for this head size
+        assert kernel_check.usable(CPU, torch.float32, (2, 4, 64, 48)) is False
 
 
 def test_timing_refuses_a_slower_kernel(fresh_checks):
@@ -262,12 +266,14 @@ def test_timing_refuses_a_slower_kernel(fresh_checks):
     per B·H and T rounded up to a power of 2."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert kernel.usable(CPU, torch.float32, (2, 4, 70, 16), kernel=slower) is False
-        assert kernel.usable(CPU, torch.float32, (2, 4, 100, 16), kernel=slower) is False  # the same bucket
-        assert kernel.usable(CPU, torch.float32, (4, 4, 100, 16), kernel=slower) is False
-    assert sorted(key[4:] for key in kernel._tuned) == [(8, 128), (16, 128)]  # (B·H, T bucket)
-    assert set(kernel._tuned.values()) == {(kernel.SMALL, False)}
-    assert kernel.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20  # ms: its sleep is counted
+        assert kernel_check.usable(CPU, torch.float32, (2, 4, 70, 16), kernel=slower) is False
+        # the same bucket
+        assert kernel_check.usable(CPU, torch.float32, (2, 4, 100, 16), kernel=slower) is False
+        assert kernel_check.usable(CPU, torch.float32, (4, 4, 100, 16), kernel=slower) is False
+    assert sorted(key[4:] for key in kernel_check._tuned) == [(8, 128), (16, 128)]  # (B·H, T bucket)
+    assert set(kernel_check._tuned.values()) == {(kernel.SMALL, False)}
+    # ms: its sleep is counted
+    assert kernel_check.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20
 
 
 def test_mix_attention_raises_where_no_config_passes(fresh_checks, monkeypatch):
@@ -275,7 +281,7 @@ def test_mix_attention_raises_where_no_config_passes(fresh_checks, monkeypatch):
     (q, k, v, a, b), _ = make_inputs(1, 8, 16)
     monkeypatch.setattr(kernel, "INTERPRET", False)  # the GPU path: configs come from tune()
     monkeypatch.setattr(kernel, "_check_inputs", lambda *inputs: None)  # which would refuse CPU tensors now
-    monkeypatch.setattr(kernel, "tune", lambda device, dtype, shape: None)
+    monkeypatch.setattr(kernel_check, "tune", lambda device, dtype, shape: None)
     with pytest.raises(ValueError, match=r"no launch config passed the float64 check on .*; use impl='sdpa'"):
         kernel.mix_attention(q, k, v, a, b)
 
@@ -286,19 +292,20 @@ def test_no_check_or_timing_inside_cuda_graph_capture(fresh_checks):
     graph, answers = torch.cuda.CUDAGraph(), []
     with torch.cuda.graph(graph):
         x += 1
-        answers.append(kernel.usable(torch.device("cuda"), torch.float16, (1, 4, 64, 16)))
+        answers.append(kernel_check.usable(torch.device("cuda"), torch.float16, (1, 4, 64, 16)))
         with pytest.raises(RuntimeError, match="inside CUDA-graph capture"):
-            kernel.tune(torch.device("cuda"), torch.float16, (1, 4, 64, 16))
-    assert answers == [False] and kernel._tuned == {} and kernel._verified == {}
+            kernel_check.tune(torch.device("cuda"), torch.float16, (1, 4, 64, 16))
+    assert answers == [False] and kernel_check._tuned == {} and kernel_check._verified == {}
 
 
 def test_usable_under_torch_compile(fresh_checks):
     """torch.compile calls usable() once while tracing and keeps the answer as a constant (no graph break)."""
     def f(x):
-        return x * 2 if kernel.usable(x.device, x.dtype, (1, 4, 64, 16)) else x - 1
+        return x * 2 if kernel_check.usable(x.device, x.dtype, (1, 4, 64, 16)) else x - 1
 
-    kernel._tuned[kernel.tuning_key(CPU, torch.float32, (1, 4, 64, 16))] = (kernel.SMALL, True)  # right, fast
-    kernel._tuned[kernel.tuning_key(CPU, torch.float16, (1, 4, 64, 16))] = None  # no config passed
+    tuned = kernel_check._tuned
+    tuned[kernel_check.tuning_key(CPU, torch.float32, (1, 4, 64, 16))] = (kernel.SMALL, True)  # right, fast
+    tuned[kernel_check.tuning_key(CPU, torch.float16, (1, 4, 64, 16))] = None  # no config passed
     x = torch.randn(3, 16)
     assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x), x * 2)
     torch._dynamo.reset()
@@ -461,7 +468,6 @@ GATE_CPU_PARTS = ["--tests=False", "--gpt2_steps=0", "--timing=False"]  # on a G
 def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
     """The gate's exit status: 1 when the kernel under test is wrong, 0 when it is right (planted kernels, so
     that this runs in seconds; `python kernel.py` on a CPU checks the real kernel in the interpreter)."""
-    import kernel_check
     assert kernel_check.main(GATE_CPU_PARTS, fn=dv_without_identity_term) == 1
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("| float", "| bfloat"))]  # a row per config
@@ -485,7 +491,6 @@ def test_kernel_py_help_prints_help_and_checks_nothing():
 
 
 def test_sdpa_backend_is_named():
-    import kernel_check
     (q, k, v, _, _), _ = make_inputs(1, 16, 16)
     assert kernel_check.sdpa_backend(q, k, v) not in ("", "unknown")
 
@@ -493,7 +498,6 @@ def test_sdpa_backend_is_named():
 def test_kernel_check_compares_training_steps(monkeypatch):
     """The gate's GPT-2 comparison, on a tiny model: impl=triton and impl=sdpa train alike (fp16 with the
     scaler; in the interpreter bf16 dots are wrong), and a kernel with b's sign flipped fails it."""
-    import kernel_check
     tiny = dict(n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)
     assert kernel_check.compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
     monkeypatch.setattr(kernel, "mix_attention", b_sign_flipped)  # what the model's forward imports

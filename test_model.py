@@ -455,15 +455,15 @@ class _FakeQ:
     ("triton", "mix", False, 0.0, False, "triton"),  # even where it cannot run: it then fails loudly
 ])
 def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
-    import kernel
+    import kernel_check
     from model import resolve_impl
     asked = []
-    monkeypatch.setattr(kernel, "usable", lambda *key: asked.append(key) or kernel_ok)
+    monkeypatch.setattr(kernel_check, "usable", lambda *key: asked.append(key) or kernel_ok)
     head_op = OPS[op](4, **OPS[op].controls)
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
     assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
-    # triton not installed: `from kernel import usable` fails
-    monkeypatch.setitem(sys.modules, "kernel", None)
+    # triton not installed: `from kernel_check import usable` fails
+    monkeypatch.setitem(sys.modules, "kernel_check", None)
     assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
 
 
