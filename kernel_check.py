@@ -137,7 +137,7 @@ def _verify(device, dtype, D, kernel):
         else:
             passed.append(pair)
     if not passed:
-        warnings.warn(f"kernel.usable: the fused Triton kernel failed its float64 check on {device}, "
+        warnings.warn(f"kernel_check.usable: the fused Triton kernel failed its float64 check on {device}, "
                       f"{dtype}, head size {D} ({why}); using SDPA instead.")
     return passed
 
@@ -158,7 +158,7 @@ def tune(device, dtype, shape, kernel=mix_attention):
     if key in _tuned:
         return _tuned[key]
     if _capturing(device):
-        raise RuntimeError("kernel.tune: cannot check or time the kernel inside CUDA-graph capture; "
+        raise RuntimeError("kernel_check.tune: cannot check or time the kernel inside CUDA-graph capture; "
                            "run the model once before capturing")
     with _on(device), torch.inference_mode(False), torch.enable_grad():  # whatever mode the caller is in
         if key[:4] not in _verified:
