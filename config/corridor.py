@@ -25,8 +25,8 @@ warmup_iters = 50
 beta2 = 0.99
 weight_decay = 0.1
 
-eval_interval = 100
+eval_interval = 300  # evaluations do not change training (their batches are separate): 5 per run
 # the val loss: the whole val split (~46k tokens, under val_tokens' cap), in order, at every evaluation,
 # the same for every seed; eval_iters: the 40 sampled batches of 16 x 64 tokens of the train-split estimate
-eval_iters = 40
+eval_iters = 10
 log_interval = 50
