@@ -37,6 +37,8 @@ CONTROLS = all_controls()
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
+# what belongs to the op: attention has no scalars, so its runs are the baseline whatever these say
+OP_SETTINGS = ("op", "op_lr_scale", *CONTROLS)
 # the corridor curve: runs whose config has these values have γ fixed to their gamma_init and δ fixed to 1 ...
 FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
 FIXED_GAMMA_X = "gamma_init"
@@ -217,7 +219,7 @@ def experiment(config):
 def baseline_key(config):
     """What a run's attention baseline must share with it: the whole experiment except the op and its controls.
     So 3600-iteration runs are compared with 3600-iteration attention runs, never with 1200-iteration ones."""
-    return json.dumps({k: v for k, v in experiment(config).items() if k != "op" and k not in CONTROLS}, sort_keys=True)
+    return json.dumps({k: v for k, v in experiment(config).items() if k not in OP_SETTINGS}, sort_keys=True)
 
 
 def compare(runs):
@@ -494,9 +496,9 @@ def group_cells(g):
             fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
 
 
-def report(runs):
-    """Print the per-run summaries and, for several runs, the comparison."""
-    for run in runs:
+def report(runs, each=True):
+    """Print the per-run summaries and the table of runs (each=True), and for several runs the comparison."""
+    for run in runs if each else []:
         s = summarize(run)
         tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
         print(f"== {s['name']}  ({s['label']})")
@@ -518,28 +520,48 @@ def report(runs):
     if len(runs) < 2:
         return
     c = compare(runs)
+    if each:
+        print_runs(c["rows"])
+    if any(g["n"] > 1 for g in c["groups"]):
+        print_groups(c["groups"])
+
+
+def print_runs(rows):
     print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
           " attention runs of the same config)")
     print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
                 [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
-                  "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in c["rows"]],
+                  "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in rows],
                 left=2)
-    if any(g["n"] > 1 for g in c["groups"]):
-        print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
-              " (val losses in nats per token)")
-        print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
-                     "corridor>L1"], [group_cells(g) for g in c["groups"]])
-        print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
-              " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
-              "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
-              " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
+
+
+def print_groups(groups):
+    """The seed-group table with its legend, then where the learned groups' γ ended, layer by layer."""
+    print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
+          " (val losses in nats per token)")
+    print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
+                 "corridor>L1"], [group_cells(g) for g in groups])
+    print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
+          " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
+          "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
+          " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
+    learned = [g for g in groups if g["learns_gamma"]]
+    if learned:
+        print("\n== where learned γ ends: mean final γ per layer, ± its std over seeds")
+        print_table(["setting", "n", "layer 1, 2, ..."],
+                    [[g["setting"], str(g["n"]), "  ".join(f"{m:+.3f} ± {fmt(sd, '.3f')}" for m, sd in
+                                                             zip(g["layer_gamma"], g["layer_gamma_std"]))]
+                     for g in learned], left=3)
 
 
 # -----------------------------------------------------------------------------
 # The runs as a table anyone can recompute the statistics from
 
 
-CSV_COLUMNS = ("setting", "seed", "iters", "val_loss", "commit")
+# the config keys a row keeps: those that tell the project's runs apart (with the seed and the final iteration)
+CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
+              "gamma_min")
+CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
 
 
 def start_commit(run):
@@ -548,24 +570,65 @@ def start_commit(run):
     return str(start["commit"]) if start and start.get("commit") else "unknown"
 
 
+def csv_row(run):
+    """A run as CSV cells: config values as JSON (true, null, 0.5), the final eval's losses at full precision,
+    its per-head γ as heads separated by spaces and layers by ';' (6 significant digits keep the sign)."""
+    cfg, last = run["config"], run["evals"][-1]
+    row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
+    bpb = last.get("val_bpb")
+    row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"], iters=last["iter"],
+               val_loss=repr(float(last["val_loss"])),
+               val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
+               final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
+               commit=start_commit(run))
+    return row
+
+
 def write_csv(runs, path):
-    """One row per run, sorted by setting and seed: the final eval's iteration and val loss (full precision)."""
-    rows = [(setting_name(r["name"]), r["config"].get("seed", ""), r["evals"][-1]["iter"], r["evals"][-1]["val_loss"],
-             start_commit(r)) for r in runs]
-    rows.sort(key=lambda row: (row[0], str(type(row[1])), row[1], row[2]))  # type first: a missing seed sorts apart
+    """One row per run (csv_row), sorted by setting, seed and length."""
+    rows = sorted((csv_row(r) for r in runs),  # type first: a missing seed ("") sorts apart
+                  key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))
     text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    writer.writerows((s, seed, it, repr(float(v)), commit) for s, seed, it, v, commit in rows)
+    writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
     atomic_write(path, lambda f: f.write(text.getvalue().encode()))
     return path
+
+
+def load_csv(path):
+    """The runs of a CSV that write_csv wrote, as load_run's dicts whose log is the final eval: all that the
+    comparison needs, so every statistic recomputes from the table alone."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8"))))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    missing = [c for c in CSV_COLUMNS if not rows or c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)})")
+    runs = []
+    for lineno, r in enumerate(rows, 2):
+        try:
+            config = {k: json.loads(r[k]) for k in CSV_CONFIG[1:] if r[k] != ""}
+            config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
+            gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
+            last = {"event": "eval", "iter": int(r["iters"]), "val_loss": float(r["val_loss"]), "gamma": gamma,
+                    "delta": [[math.nan] * len(layer) for layer in gamma]}
+            if r["val_bpb"]:
+                last["val_bpb"] = float(r["val_bpb"])
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e})") from None
+        records = [{"event": "start", "commit": r["commit"]}, last]
+        runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
+                     "records": records, "evals": [last], "warnings": []})
+    return runs
 
 
 # -----------------------------------------------------------------------------
 # Command line
 OPTIONS = dict(
     out="",  # the folder for the figures; default: the first run's directory
-    csv="",  # also write one row per run (setting,seed,iters,val_loss,commit) to this CSV file
+    csv="",  # also write one row per run (its settings, final val loss and γ; CSV_COLUMNS) to this CSV file
 )
 
 
@@ -582,14 +645,15 @@ def main(argv):
         print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
     try:
-        runs = [load_run(p) for p in paths]
+        tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
+        runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
         for run in runs:
             for w in run["warnings"]:
                 print(f"warning: {w}", file=sys.stderr)
-        report(runs)
+        report(runs, each=not tables)
         written = [write_csv(runs, opts.csv)] if opts.csv else []
-        try:
-            written += plot(runs, opts.out or runs[0]["path"])
+        try:  # the figures need the logs: a table has only each run's end
+            written += [] if tables else plot(runs, opts.out or runs[0]["path"])
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
     except ValueError as e:

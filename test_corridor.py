@@ -390,13 +390,50 @@ def test_csv_one_row_per_run(tmp_path, capsys, no_figures):
                      tail=json.dumps({"event": "train", "iter": 150, "loss": 0.5}) + "\n")]
     path = tmp_path / "runs.csv"
     assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
-    assert path.read_text() == ("setting,seed,iters,val_loss,commit\n"
-                                "attention,0,100,2.0,unknown\n"
-                                "demo,1337,0,3.0,unknown\n"
-                                "mix_fixed_gamma,2,200,1.25,0123abc\n"
-                                "mix_fixed_gamma,10,100,1.4137812345678913,0123abc\n"
-                                "mix_s1x,1,100,0.6666666666666666,unknown\n")
+    lines = path.read_text().splitlines()
+    assert lines[0] == ("setting,seed,op,n_layer,n_head,n_embd,op_lr_scale,gamma_init,learn_gamma,learn_delta,"
+                        "gamma_min,iters,val_loss,val_bpb,final_gamma,commit")
+    rows = list(csv.DictReader(lines))
+    assert [(r["setting"], r["seed"], r["iters"], r["val_loss"], r["commit"]) for r in rows] == [
+        ("attention", "0", "100", "2.0", "unknown"),
+        ("demo", "1337", "0", "3.0", "unknown"),
+        ("mix_fixed_gamma", "2", "200", "1.25", "0123abc"),
+        ("mix_fixed_gamma", "10", "100", "1.4137812345678913", "0123abc"),
+        ("mix_s1x", "1", "100", "0.6666666666666666", "unknown")]
+    assert lines[3] == ("mix_fixed_gamma,2,mix,3,4,,,0.0,true,true,null,200,1.25,,"
+                        "-0.5 -0.2 0.3 -1;-0.5 0 -1 -0.99;-0.1 -0.9 0.5 -1.5,0123abc")
     assert f"wrote {path}\n" in capsys.readouterr().out
+
+
+def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
+    """python corridor.py runs.csv prints the seed groups the run directories gave, and writes the same CSV."""
+    near_zero = {"gamma": [[-0.5] * 4, [-1e-05, 0.25, -0.5, -0.5]], "delta": [[1.0] * 4] * 2}
+    dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
+                              ("mix_s0", "mix", 0, 1.9, {"op_lr_scale": 10.0}),
+                              ("mix_s1", "mix", 1, 2.05, {"op_lr_scale": 10.0})])
+    dirs.append(make_run(tmp_path, "mix_s2", seed=2, val=(3.0, 2.0), **near_zero))
+    first, again = tmp_path / "runs.csv", tmp_path / "again.csv"
+    assert corridor.main(dirs + [f"--csv={first}"]) == 0
+    from_dirs = capsys.readouterr().out
+    assert corridor.main([str(first), f"--csv={again}"]) == 0
+    from_csv = capsys.readouterr().out
+    assert again.read_text() == first.read_text()
+    groups = from_dirs[from_dirs.index("== seed groups"):from_dirs.index("\nwrote")]
+    assert groups in from_csv and "== runs by" not in from_csv and "== mix_s0" not in from_csv
+    # op_lr_scale belongs to the op: the learned runs pair with attention's (and -1e-05 stays inside)
+    c = corridor.compare(corridor.load_csv(str(first)))
+    assert group(c, "mix op_lr_scale=10.0")["paired"] == pytest.approx([-0.1, -0.05])
+    assert [g["deep_mean"] for g in c["groups"] if g["n"] == 1] == [0.75]
+
+
+def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "runs.csv"
+    bad.write_text("setting,seed,iters,val_loss,commit\nmix,0,100,2.0,unknown\n")
+    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in error_line(capsys, [str(bad)])
+    d = make_run(tmp_path, "mix_s0")
+    assert corridor.main([d, f"--csv={bad}"]) == 0
+    bad.write_text(bad.read_text().replace(",200,", ",two hundred,"))
+    assert f"{bad}:2: not a row that corridor.py --csv writes (" in error_line(capsys, [str(bad)])
 
 
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
@@ -671,4 +708,4 @@ def test_without_matplotlib_tables_and_csv_still_come(tmp_path, capsys, monkeypa
     captured = capsys.readouterr()
     assert captured.err == "warning: matplotlib is not installed (pip install matplotlib), so no figures\n"
     assert "== mix_s0" in captured.out and f"wrote {csv}\n" in captured.out and ".png" not in captured.out
-    assert csv.read_text().splitlines()[1] == "mix,0,200,2.5,unknown"
+    assert csv.read_text().splitlines()[1].startswith("mix,0,mix,3,4,,,0.0,true,true,null,200,2.5,,")
