@@ -1,12 +1,13 @@
-# The paper's controlled experiments at demo scale: the shared settings. Each file in config/corridor/ adds one
-# op or control on top, config/corridor/curve/ holds the corridor curve's fixed γ; a run is
-#   python train.py config/corridor.py config/corridor/mix.py --seed=0 --out_dir=out/corridor/mix_s0
-# The three groups of docs/results.md, two runs at a time on a 2-core CPU (one line each), then the report:
-#   (for s in 0 1 2 3 4 5 6 7; do for e in attention mix mix_fixed_gamma mix_gamma_nonneg; do echo config/corridor/$e.py $s; done; done; for s in 0 1 2; do for e in mix_alpha mix_ab; do echo config/corridor/$e.py $s; done; done) | xargs -P 2 -n 2 sh -c 'OMP_NUM_THREADS=1 python train.py config/corridor.py $0 --seed=$1 --out_dir=out/corridor/$(basename $0 .py)_s$1 > /dev/null'
-#   for s in 0 1 2; do for e in config/corridor/curve/*.py; do echo $e $s; done; done | xargs -P 2 -n 2 sh -c 'OMP_NUM_THREADS=1 python train.py config/corridor.py $0 --seed=$1 --out_dir=out/corridor/$(basename $0 .py)_s$1 > /dev/null'
-#   for s in 0 1 2; do for e in attention mix; do echo $e $s; done; done | xargs -P 2 -n 2 sh -c 'OMP_NUM_THREADS=1 python train.py config/corridor.py config/corridor/$0.py --max_iters=3600 --lr_decay_iters=3600 --seed=$1 --out_dir=out/corridor_long/$0_s$1 > /dev/null'
-#   python corridor.py out/corridor/* out/corridor_long/* --out=out/corridor_figures --csv=docs/corridor_runs.csv
-# More settings, run the same way (not in docs/results.md): laplacian, mix_start_m09, mix_start_p05.
+# The paper's controlled experiments at demo scale: the shared settings. Each file in config/corridor/
+# adds one op or control on top (curve/: the corridor curve's fixed γ; scale/: the model scales, layered
+# before the op's file). One run, one thread (two at a time on a 2-core machine):
+#   OMP_NUM_THREADS=1 python train.py config/corridor.py config/corridor/mix.py --seed=0 \
+#       --out_dir=out/corridor/mix_s0
+#   OMP_NUM_THREADS=1 python train.py config/corridor.py config/corridor/scale/2x64.py \
+#       config/corridor/mix.py --seed=0 --out_dir=out/corridor/2x64_mix_s0
+# docs/results.md has the loops that ran every run of its tables, and the report:
+#   python corridor.py out/corridor/* --csv=docs/corridor_runs.csv
+#   python corridor.py docs/corridor_runs.csv   # every statistic again, from the table alone
 dataset = "pydocs"
 device = "cpu"
 

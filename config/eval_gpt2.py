@@ -1,7 +1,7 @@
 # Validation loss of OpenAI's GPT-2 on OpenWebText (nanoGPT measured 3.12 for the 124M model).
 # First: python prepare_data.py openwebtext
-#   python train.py config/eval_gpt2.py                            # --init_from=gpt2-medium etc. for the others
-#   python train.py config/eval_gpt2.py --hellaswag_interval=1     # and HellaSwag (python prepare_data.py hellaswag)
+#   python train.py config/eval_gpt2.py                         # --init_from=gpt2-medium etc.: the others
+#   python train.py config/eval_gpt2.py --hellaswag_interval=1  # and HellaSwag (prepare_data.py hellaswag)
 out_dir = "out/eval_gpt2"
 init_from = "gpt2"
 dataset = "openwebtext"
