@@ -169,8 +169,8 @@ def claim_run_dir(out_dir, resuming):
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any training.
-    A run killed while starting up has logged only its "start" record: starting again there loses nothing."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any
+    training. A run killed while starting has logged only its "start" record: starting again loses nothing."""
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
@@ -232,10 +232,13 @@ def load_checkpoint(path):
                               "corrupt, not a nanoCorridor checkpoint, or carries code") from None
     missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
     if missing:
-        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
-    wrong = [k for k, kind in CHECKPOINT.items() if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]
+        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
+                          "it was not written by this train.py")
+    wrong = [k for k, kind in CHECKPOINT.items()
+             if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]  # a bool is no count
     if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
-        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({', '.join(wrong) or 'loader, config'}); "
+        named = ", ".join(wrong) or "loader, config"
+        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({named}); "
                           "it comes from another version or was edited")
     check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
     if ckpt["iter_num"] < 0 or ckpt["tokens"] < 0 or not ckpt["best_val_loss"] >= 0:  # inf: none saved yet
@@ -268,10 +271,9 @@ def resume_from_checkpoint(cfg, given, defaults, rules):
 
 
 def check_same_data(ckpt, meta, dataset):
-    """A resumed run reads data made by the tokenizer and vocabulary it was trained with (ckpt None: a new
-    run, nothing to check)."""
-    same = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in ("tokenizer", "vocab_size", "chars"))
-    if not same:
+    """A resumed run reads data of the tokenizer and vocabulary it was trained with (ckpt None: a new run)."""
+    keys = ("tokenizer", "vocab_size", "chars")
+    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
 
@@ -379,7 +381,8 @@ def trim_log(path, iter_num):
         except (ValueError, TypeError, KeyError):  # not JSON, not UTF-8, not a record of ours
             if n == len(lines):
                 break  # a line cut off by a crash
-            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line, then resume") from None
+            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "
+                              "remove that line, then resume") from None
         if before:
             keep.append(line.rstrip(b"\n") + b"\n")
     atomic_write(path, lambda f: f.write(b"".join(keep)))
@@ -388,17 +391,21 @@ def trim_log(path, iter_num):
 def git_commit():
     """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
     try:
-        git = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
-        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git here, or one that hangs
         return None
-    return sha.stdout.strip() + ("+" if dirty else "") if sha.returncode == 0 else None
+    if sha.returncode != 0:  # not in a git repository
+        return None
+    return sha.stdout.strip() + ("+" if dirty else "")
 
 
 class RunLog:
-    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed run
-    first drops what was logged after its checkpoint (see trim_log) and appends from there."""
+    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed
+    run first drops what was logged after its checkpoint (see trim_log) and appends from there."""
 
     def __init__(self, out_dir, resume_iter=None, wandb_run=None):
         path = os.path.join(out_dir, "log.jsonl")
@@ -421,7 +428,7 @@ class RunLog:
 
 
 def wandb_numbers(record):
-    """A log record as wandb charts it: its numbers, and every head's γ and δ as gamma/L{layer}H{head}, ..."""
+    """A log record as wandb charts it: its numbers, and every head's γ, δ as gamma/L{layer}H{head}, ..."""
     numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
     for name in ("gamma", "delta"):
         for layer, heads in enumerate(record.get(name, [])):
