@@ -76,11 +76,10 @@ def _holder(path):
 
 
 def unlock_run_dir(out):
-    lock, fds = _held.pop(os.path.realpath(out), (None, []))
+    lock, fds = _held.pop(os.path.realpath(out))
     for fd in fds:
         os.ftruncate(fd, 0)  # a run that finished leaves no process behind in the lock file
-    if lock is not None:
-        lock.release()
+    lock.release()
 
 
 # -----------------------------------------------------------------------------
@@ -338,12 +337,11 @@ def adamw_entry_fits(entry, param, iter_num):
     if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
                and m.shape == param.shape and m.is_contiguous() for m in moments):
         return False
-    if not (isinstance(step, torch.Tensor) and step.shape == ()):
+    if not (isinstance(step, torch.Tensor) and step.shape == ()
+            and (step.is_floating_point() or step.dtype == torch.int64)):
         return False
-    if not (step.is_floating_point() or step.dtype == torch.int64):
-        return False
-    return 0 <= step.item() <= iter_num and step.item() == int(step.item()) and \
-        all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all())
+    return (0 <= step.item() <= iter_num and step.item() == int(step.item())
+            and all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all()))
 
 
 def load_optimizer_state(optimizer, ckpt):
