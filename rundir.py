@@ -187,15 +187,6 @@ def is_start_record(line):
     return isinstance(record, dict) and record.get("event") == "start"
 
 
-def save_checkpoint(path, ckpt):
-    atomic_write(path, lambda f: torch.save(ckpt, f))
-
-
-def save_config(out_dir, settings):
-    text = json.dumps(settings, indent=1)
-    atomic_write(os.path.join(out_dir, "config.json"), lambda f: f.write(text.encode()))
-
-
 # what a checkpoint holds, and the type of each entry: checked before anything uses it
 CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": int, "best_val_loss": float,
               "tokens": int, "loader": dict, "meta": dict, "config": dict}
@@ -467,24 +458,25 @@ def start_log(run, dt, resuming):
     if cfg.wandb_log:
         wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=run.iter_num if resuming else None, wandb_run=wandb_run)
-    save_config(cfg.out_dir, vars(cfg))
+    settings = json.dumps(vars(cfg), indent=1)
+    atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
     run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
              "device": run.dev, "dtype": dt, "world_size": run.world_size})
 
 
 def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
-    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's
-    due."""
+    """ckpt.pt if the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
     cfg = run.cfg
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "model_args": asdict(model.config), "iter_num": run.iter_num,
              "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
              "loader": train_loader.state_dict(), "meta": meta}
+    paths = []
     if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
         run.best_val_loss = state["best_val_loss"]
-        save_checkpoint(run.ckpt_path, state)
-        run.say(f"saved checkpoint to {run.ckpt_path}")
+        paths.append(run.ckpt_path)
     if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-        path = os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt")
-        save_checkpoint(path, state)
+        paths.append(os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt"))
+    for path in paths:
+        atomic_write(path, lambda f: torch.save(state, f))
         run.say(f"saved checkpoint to {path}")
