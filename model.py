@@ -190,7 +190,7 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) → logits (and the loss with targets). cache, only while generating: one dict per layer,
+        """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict per layer,
         all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
         t0 = 0  # the position of idx's first token: after those already cached
@@ -220,7 +220,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def gamma_delta(self):
-        """Every head's effective (γ, δ), each (n_layer, n_head): a·I + b·P = δ(γI + P), γ = a/b, δ = b."""
+        """Every head's (γ, δ), each (n_layer, n_head): a·I + b·P = δ(γI + P), so γ = a/b, δ = b."""
         coefficients = [op.coefficients() for op in self.head_operators()]  # one (a, b) per layer
         a, b = (torch.stack(t).float().cpu() for t in zip(*coefficients))
         return a / b, b

@@ -1,30 +1,30 @@
 """
 Data for nanoCorridor: turn a text corpus into token shards (read back for training by dataloader.py).
 
-    python prepare_data.py pydocs                           # offline default: CPython's own documentation text
-    python prepare_data.py shakespeare_char                 # tiny shakespeare (needs internet)
-    python prepare_data.py text --input=book.txt            # any UTF-8 file, or a folder of .txt files
-    python prepare_data.py openwebtext --num_proc=8         # OpenWebText in GPT-2 tokens (~9B), from parquet files
-    python prepare_data.py fineweb10B --train_shards=103    # FineWeb, already in GPT-2 tokens: 100M per train shard
-    python prepare_data.py hellaswag                        # HellaSwag's val set (train.py's hellaswag_interval)
+    python prepare_data.py pydocs                         # offline default: CPython's own documentation text
+    python prepare_data.py shakespeare_char               # tiny shakespeare (needs internet)
+    python prepare_data.py text --input=book.txt          # any UTF-8 file, or a folder of .txt files
+    python prepare_data.py openwebtext --num_proc=8       # OpenWebText in GPT-2 tokens (~9B), from parquet
+    python prepare_data.py fineweb10B --train_shards=103  # FineWeb in GPT-2 tokens: 100M per train shard
+    python prepare_data.py hellaswag                      # HellaSwag's val set (for hellaswag_interval)
 
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt shard
-format (see dataloader.py), and meta.json (how to decode), always written last: a folder without meta.json is
-not a dataset, so an interrupted preparation is never mistaken for a finished one. Run the same command again to
-finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/ and the hidden
-out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second one (two
-train.py runs preparing pydocs on the fly, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt
+shard format (see dataloader.py), and meta.json (how to decode), always written last: a folder without
+meta.json is not a dataset, so an interrupted preparation is never mistaken for a finished one. Run the same
+command again to finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/ and the
+hidden out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second
+one (two train.py runs preparing pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
 - openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
   repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
-  goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction: a fixed split that
-  depends on nothing else (not file order, not the number of processes), ~4,000 documents at the default 0.0005.
+  goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction (~4,000
+  documents at the default 0.0005): a fixed split, whatever the file order or the number of processes.
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
-  fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header and
-  token ids have been checked; a broken download is deleted and named.
+  fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header
+  and token ids have been checked; a broken download is deleted and named.
 - hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
   (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
   not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
@@ -43,8 +43,8 @@ from pathlib import Path
 import filelock
 import numpy as np
 
-from configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular, optional,
-                          refuse_unless_regular)
+from configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular,
+                          optional, refuse_unless_regular)
 from dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
@@ -58,8 +58,8 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
-# the repository's parquet conversion; the revision and file name as seen in public code and the hub's listing,
-# not checked from here (no network)
+# the repository's parquet conversion; the revision and file name as seen in public code and the hub's
+# listing, not checked from here (no network)
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
@@ -77,7 +77,8 @@ class ShardWriter:
         tokens = np.asarray(tokens)
         while len(tokens):
             if self.shard is None:
-                self.shard = ShardFile(os.path.join(self.out_dir, f"{self.name}_{self.split}_{self.index:06d}.bin"))
+                file = f"{self.name}_{self.split}_{self.index:06d}.bin"
+                self.shard = ShardFile(os.path.join(self.out_dir, file))
             n = min(len(tokens), self.shard_size - self.shard.count)
             self.shard.write(tokens[:n])
             self.tokens, tokens = self.tokens + n, tokens[n:]
@@ -110,7 +111,7 @@ def encode_gpt2_document(text, enc):
 
 
 def encode_text(text, meta):
-    """char/byte encoding of a whole split at once, vectorised with numpy (a Python loop is slow on 100 MB)."""
+    """char/byte encoding of a whole split at once, vectorised in numpy (a Python loop is slow on 100 MB)."""
     if meta["tokenizer"] == "byte":
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
@@ -179,7 +180,8 @@ def text_documents(path):
     """The documents of --input: the file, or each .txt file in the folder. Every one must be a regular file
     (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))  # .TXT too
+        files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                       if f.lower().endswith(".txt"))  # .TXT too
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     elif os.path.lexists(path):
@@ -290,19 +292,20 @@ def preparing(out_dir, name):
             yield
         except OSError as e:
             if e.errno == errno.ENOSPC:
-                raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
-                                "finished ones are kept: free some space and run the same command again") from None
+                raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and "
+                                "the finished ones are kept: free some space and run the same command "
+                                "again") from None
             raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
     finally:
         lock.release()
 
 
 def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
-    """Write the shards of each split (split -> iterable of token arrays) into the staging folder, then replace
-    out_dir/name with them. meta.json goes first and comes back last: a process killed in between leaves a
-    folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
+    """Write the shards of each split (split -> iterable of token arrays) into the staging folder, then
+    replace out_dir/name with them. meta.json goes first and comes back last: a process killed in between
+    leaves a folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
     data_dir, staging = dataset_dirs(out_dir, name)
-    shutil.rmtree(staging, ignore_errors=True)  # left over from an interrupted run (the lock keeps others out)
+    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
     os.makedirs(staging)
     try:
         meta["tokens"] = {}
@@ -312,7 +315,8 @@ def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
                 writer.add(tokens)
             writer.close()
             if writer.tokens == 0:
-                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for --val_fraction")
+                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
+                                "--val_fraction")
             meta["tokens"][split] = writer.tokens
         os.makedirs(data_dir, exist_ok=True)
         Path(data_dir, "meta.json").unlink(missing_ok=True)
@@ -350,13 +354,15 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
         enc = gpt2_encoding()
         meta["vocab_size"], meta["eot_token"] = enc.n_vocab, enc.eot_token
     if meta["vocab_size"] > 2**16:
-        raise DataError(f"{name}: {meta['vocab_size']:,} distinct characters do not fit uint16; use --tokenizer=byte")
+        raise DataError(f"{name}: {meta['vocab_size']:,} distinct characters do not fit uint16; "
+                        "use --tokenizer=byte")
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
 
     def tokens(split_docs, split):
         if tokenizer == "gpt2":
-            for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=len(split_docs) < 1000):
+            quiet = len(split_docs) < 1000
+            for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
                 yield encode_gpt2_document(doc, enc)
         else:
             yield encode_text(DOC_SEPARATOR.join(split_docs), meta)
@@ -379,12 +385,13 @@ def hub_error(e, repo, revision, filename=None):
         return DataError(f"the hub has no {what}")
     if isinstance(e, errors.HfHubHTTPError):
         return DataError(f"the hub refused {what}: {str(e).splitlines()[0]}")
-    return DataError(f"could not reach the Hugging Face hub for {what} ({type(e).__name__}); this needs internet")
+    return DataError(f"could not reach the Hugging Face hub for {what} ({type(e).__name__}); "
+                     "this needs internet")
 
 
 def hub_sizes(repo, revision, files):
-    """{file: bytes} as the hub lists them. One request, before anything else: offline, or a wrong repository or
-    revision, fails at once, and the sizes give the disk needed and the check of every download."""
+    """{file: bytes} as the hub lists them. One request, before anything else: offline, or a wrong repository
+    or revision, fails at once, and the sizes give the disk needed and the check of every download."""
     import huggingface_hub
     try:
         infos = huggingface_hub.get_paths_info(repo, files, repo_type="dataset", revision=revision)
@@ -393,8 +400,9 @@ def hub_sizes(repo, revision, files):
     sizes = {info.path: info.size for info in infos if getattr(info, "size", None) is not None}
     missing = [file for file in files if file not in sizes]
     if len(missing) == len(files):
-        raise DataError(f"{repo} at revision {revision} has none of the files {files[0]}, ...: a script-only "
-                        "repository? `datasets` 4+ no longer runs loading scripts; pin a revision with the files")
+        raise DataError(f"{repo} at revision {revision} has none of the files {files[0]}, ...: a "
+                        "script-only repository? `datasets` 4+ no longer runs loading scripts; pin a "
+                        "revision with the files")
     if missing:
         raise DataError(f"the hub has no {missing[0]} in {repo} at revision {revision}")
     return sizes
@@ -415,8 +423,8 @@ def hub_download(repo, revision, file, size, download_dir):
     if os.path.getsize(path) != size:
         got = os.path.getsize(path)
         os.remove(path)
-        raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; deleted it, run the "
-                        "same command again to fetch it anew")
+        raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; deleted it, run "
+                        "the same command again to fetch it anew")
     return path
 
 
@@ -424,7 +432,7 @@ def gigabytes(n):
     return f"{n / 1e9:.1f} GB"
 
 
-_worker_enc, _worker_val_fraction = None, None  # each tokenising process's settings, set once by the initializer
+_worker_enc, _worker_val_fraction = None, None  # each tokenising process's settings, set by its initializer
 
 
 def _init_worker(enc, val_fraction):
@@ -454,8 +462,8 @@ def parquet_columns(path, file, columns):
             yield batch.to_pydict()
     except pa.ArrowException as e:
         os.remove(path)
-        raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the same "
-                        "command again to fetch it anew") from None
+        raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the "
+                        "same command again to fetch it anew") from None
 
 
 def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_before):
@@ -500,8 +508,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
     print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} processes; disk "
           f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))}: the shards (~9.0B "
-          "tokens × 2 bytes by nanoGPT's count, for the files to do) plus one parquet file at a time, deleted "
-          f"once tokenised; {gigabytes(shutil.disk_usage(out_dir).free)} free")
+          "tokens × 2 bytes by nanoGPT's count, for the files to do) plus one parquet file at a time, "
+          f"deleted once tokenised; {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
     with Pool(num_proc, initializer=_init_worker, initargs=(enc, val_fraction)) as pool, \
@@ -509,7 +517,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
                  desc=f"tokenising {name}") as bar:
         for i, file in enumerate(OWT_FILES):
             if file not in done:
-                path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], os.path.join(staging, "download"))
+                path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file],
+                                    os.path.join(staging, "download"))
                 train_shard = os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")
                 tokens = sum(d["train"] + d["val"] for d in done.values())
                 done[file] = tokenise_parquet(path, file, pool, train_shard, val_share(i), bar, tokens)
@@ -525,8 +534,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
             val.write(read_shard(val_share(i)))
     write_json(os.path.join(data_dir, "meta.json"), meta)
     shutil.rmtree(staging)
-    print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} "
-          f"val tokens in {data_dir} ({time.time() - start:.0f}s)")
+    print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / "
+          f"{meta['tokens']['val']:,} val tokens in {data_dir} ({time.time() - start:.0f}s)")
     return data_dir
 
 
@@ -544,18 +553,21 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     extra = sorted({os.path.basename(p) for p in find_shards(data_dir, "train")} - set(files))
     if extra:
         raise DataError(f"{data_dir} holds {len(extra)} train shards beyond --train_shards={train_shards} "
-                        f"({extra[0]} ...), which training would read too; delete them or ask for more shards")
+                        f"({extra[0]} ...), which training would read too; delete them or ask for more "
+                        "shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
     done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
             os.path.getsize(final(file)) == sizes[file]]
     todo = [file for file in files if file not in done]
     os.makedirs(data_dir, exist_ok=True)
-    print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} needs "
-          f"{gigabytes(sum(sizes[file] for file in todo))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
+    print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} "
+          f"needs {gigabytes(sum(sizes[file] for file in todo))} "
+          f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
-        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], os.path.join(staging, "download"))
+        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file],
+                            os.path.join(staging, "download"))
         try:
             read_shard(path, vocab_size=50257)  # the header, the size it implies, every token id
         except DataError as e:
@@ -590,8 +602,9 @@ def prepare_hellaswag(out_dir="data"):
                 all(isinstance(e, str) for e in endings) and label in ("0", "1", "2", "3")
             if not ok:
                 shutil.rmtree(staging)
-                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and a "
-                                "label 0..3; deleted the download: run the same command again to fetch it anew")
+                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and "
+                                "a label 0..3; deleted the download: run the same command again to fetch it "
+                                "anew")
             examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
     os.makedirs(data_dir, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -627,8 +640,8 @@ def fraction(key, value):
     return value
 
 
-RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1), "name": nonempty, "input": nonempty,
-         "val_fraction": optional(float, fraction), "num_proc": optional(int, at_least(1)),
+RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1), "name": nonempty,
+         "input": nonempty, "val_fraction": optional(float, fraction), "num_proc": optional(int, at_least(1)),
          "train_shards": in_range(1, FINEWEB_TRAIN_FILES + 1)}
 
 
@@ -692,7 +705,8 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         configure(OPTIONS, ["--help"], help_from=help_from)  # prints the docstring and every option; exits
     if argv[0].startswith("-"):
-        raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME one of {', '.join(CORPORA)}")
+        raise DataError("usage: python prepare_data.py NAME [--key=value ...], NAME one of "
+                        f"{', '.join(CORPORA)}")
     options = OPTIONS
     if argv[0] in CORPORA and ("-h" in argv or "--help" in argv):  # NAME --help: the options NAME takes
         options = {k: v for k, v in OPTIONS.items() if k in CORPORA[argv[0]] | {"out_dir"}}

@@ -76,11 +76,10 @@ def _holder(path):
 
 
 def unlock_run_dir(out):
-    lock, fds = _held.pop(os.path.realpath(out), (None, []))
+    lock, fds = _held.pop(os.path.realpath(out))
     for fd in fds:
         os.ftruncate(fd, 0)  # a run that finished leaves no process behind in the lock file
-    if lock is not None:
-        lock.release()
+    lock.release()
 
 
 # -----------------------------------------------------------------------------
@@ -169,8 +168,8 @@ def claim_run_dir(out_dir, resuming):
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any training.
-    A run killed while starting up has logged only its "start" record: starting again there loses nothing."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any
+    training. A run killed while starting has logged only its "start" record: starting again loses nothing."""
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
@@ -186,15 +185,6 @@ def is_start_record(line):
     except ValueError:
         return False
     return isinstance(record, dict) and record.get("event") == "start"
-
-
-def save_checkpoint(path, ckpt):
-    atomic_write(path, lambda f: torch.save(ckpt, f))
-
-
-def save_config(out_dir, settings):
-    text = json.dumps(settings, indent=1)
-    atomic_write(os.path.join(out_dir, "config.json"), lambda f: f.write(text.encode()))
 
 
 # what a checkpoint holds, and the type of each entry: checked before anything uses it
@@ -232,10 +222,13 @@ def load_checkpoint(path):
                               "corrupt, not a nanoCorridor checkpoint, or carries code") from None
     missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
     if missing:
-        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; it was not written by this train.py")
-    wrong = [k for k, kind in CHECKPOINT.items() if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]
+        raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
+                          "it was not written by this train.py")
+    wrong = [k for k, kind in CHECKPOINT.items()
+             if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]  # a bool is no count
     if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
-        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({', '.join(wrong) or 'loader, config'}); "
+        named = ", ".join(wrong) or "loader, config"
+        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({named}); "
                           "it comes from another version or was edited")
     check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
     if ckpt["iter_num"] < 0 or ckpt["tokens"] < 0 or not ckpt["best_val_loss"] >= 0:  # inf: none saved yet
@@ -268,10 +261,9 @@ def resume_from_checkpoint(cfg, given, defaults, rules):
 
 
 def check_same_data(ckpt, meta, dataset):
-    """A resumed run reads data made by the tokenizer and vocabulary it was trained with (ckpt None: a new
-    run, nothing to check)."""
-    same = ckpt is None or all(ckpt["meta"].get(k) == meta.get(k) for k in ("tokenizer", "vocab_size", "chars"))
-    if not same:
+    """A resumed run reads data of the tokenizer and vocabulary it was trained with (ckpt None: a new run)."""
+    keys = ("tokenizer", "vocab_size", "chars")
+    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
 
@@ -336,12 +328,11 @@ def adamw_entry_fits(entry, param, iter_num):
     if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
                and m.shape == param.shape and m.is_contiguous() for m in moments):
         return False
-    if not (isinstance(step, torch.Tensor) and step.shape == ()):
+    if not (isinstance(step, torch.Tensor) and step.shape == ()
+            and (step.is_floating_point() or step.dtype == torch.int64)):
         return False
-    if not (step.is_floating_point() or step.dtype == torch.int64):
-        return False
-    return 0 <= step.item() <= iter_num and step.item() == int(step.item()) and \
-        all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all())
+    return (0 <= step.item() <= iter_num and step.item() == int(step.item())
+            and all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all()))
 
 
 def load_optimizer_state(optimizer, ckpt):
@@ -379,7 +370,8 @@ def trim_log(path, iter_num):
         except (ValueError, TypeError, KeyError):  # not JSON, not UTF-8, not a record of ours
             if n == len(lines):
                 break  # a line cut off by a crash
-            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line, then resume") from None
+            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "
+                              "remove that line, then resume") from None
         if before:
             keep.append(line.rstrip(b"\n") + b"\n")
     atomic_write(path, lambda f: f.write(b"".join(keep)))
@@ -388,17 +380,21 @@ def trim_log(path, iter_num):
 def git_commit():
     """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
     try:
-        git = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
-        sha, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # no git here, or one that hangs
         return None
-    return sha.stdout.strip() + ("+" if dirty else "") if sha.returncode == 0 else None
+    if sha.returncode != 0:  # not in a git repository
+        return None
+    return sha.stdout.strip() + ("+" if dirty else "")
 
 
 class RunLog:
-    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed run
-    first drops what was logged after its checkpoint (see trim_log) and appends from there."""
+    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed
+    run first drops what was logged after its checkpoint (see trim_log) and appends from there."""
 
     def __init__(self, out_dir, resume_iter=None, wandb_run=None):
         path = os.path.join(out_dir, "log.jsonl")
@@ -421,7 +417,7 @@ class RunLog:
 
 
 def wandb_numbers(record):
-    """A log record as wandb charts it: its numbers, and every head's γ and δ as gamma/L{layer}H{head}, ..."""
+    """A log record as wandb charts it: its numbers, and every head's γ, δ as gamma/L{layer}H{head}, ..."""
     numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
     for name in ("gamma", "delta"):
         for layer, heads in enumerate(record.get(name, [])):
@@ -462,24 +458,25 @@ def start_log(run, dt, resuming):
     if cfg.wandb_log:
         wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=run.iter_num if resuming else None, wandb_run=wandb_run)
-    save_config(cfg.out_dir, vars(cfg))
+    settings = json.dumps(vars(cfg), indent=1)
+    atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
     run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
              "device": run.dev, "dtype": dt, "world_size": run.world_size})
 
 
 def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
-    """ckpt.pt when the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's
-    due."""
+    """ckpt.pt if the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
     cfg = run.cfg
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "model_args": asdict(model.config), "iter_num": run.iter_num,
              "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
              "loader": train_loader.state_dict(), "meta": meta}
+    paths = []
     if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
         run.best_val_loss = state["best_val_loss"]
-        save_checkpoint(run.ckpt_path, state)
-        run.say(f"saved checkpoint to {run.ckpt_path}")
+        paths.append(run.ckpt_path)
     if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-        path = os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt")
-        save_checkpoint(path, state)
+        paths.append(os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt"))
+    for path in paths:
+        atomic_write(path, lambda f: torch.save(state, f))
         run.say(f"saved checkpoint to {path}")

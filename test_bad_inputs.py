@@ -53,7 +53,7 @@ def finished_run(workdir):
     return "out/done"
 
 
-# --- train.py: settings -------------------------------------------------------------------------------------------
+# --- train.py: settings -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("args, words", [
@@ -157,7 +157,7 @@ def test_a_config_file_may_define_helpers_and_import(workdir):
     ("items", (1,), "items=(1,) is not allowed: it must be list"),  # a kind without a word: its type's name
 ])
 def test_a_falsy_default_still_fixes_the_type(key, value, words):
-    """Defaults of 0, 0.0, False, '' or [] fix their setting's type like any other; only None leaves it open."""
+    """Defaults of 0, 0.0, False, '' or [] fix their setting's type too; only None leaves it open."""
     defaults = {"count": 0, "rate": 0.0, "flag": False, "name": "", "items": [], "anything": None}
     with pytest.raises(ConfigError) as e:
         check(key, value, defaults, {})
@@ -214,10 +214,12 @@ def test_the_boundaries_of_train_settings(key, ok, value, bad, words):
 
 
 def test_numbers_of_other_types_are_converted_and_non_finite_ones_refused(workdir):
-    """An int where a float is meant and numpy's numbers become the setting's type; NaN and 2.0 for an int do not."""
-    (workdir / "np.py").write_text("import numpy as np\nn_layer = np.int64(3)\ndropout = np.float32(0.5)\nlearning_rate = 1\n")
+    """An int for a float and numpy's numbers become the setting's type; NaN, and 2.0 for an int, do not."""
+    (workdir / "np.py").write_text("import numpy as np\nn_layer = np.int64(3)\n"
+                                   "dropout = np.float32(0.5)\nlearning_rate = 1\n")
     c, _ = train.parse_config(["np.py"])
-    assert [(v, type(v)) for v in (c.n_layer, c.dropout, c.learning_rate)] == [(3, int), (0.5, float), (1.0, float)]
+    assert ([(v, type(v)) for v in (c.n_layer, c.dropout, c.learning_rate)]
+            == [(3, int), (0.5, float), (1.0, float)])
     (workdir / "nan.py").write_text("learning_rate = float('nan')\n")
     assert train_error("nan.py") == "error: learning_rate=nan is not allowed: it must be a finite number"
     (workdir / "two.py").write_text("n_layer = 2.0\n")
@@ -228,8 +230,8 @@ def test_the_command_line_beats_config_files_wherever_it_stands(workdir):
     """Config files in their order, then every --key=value, even one written before the files."""
     (workdir / "a.py").write_text("n_layer = 3\nn_head = 3\nbatch_size = 5\n")
     (workdir / "b.py").write_text("n_head = 4\n")
-    c, given = train.parse_config(["--n_layer=5", "a.py", "b.py", "--wandb_run_name=None", "--lr_decay_iters=None",
-                                   "--op=laplacian"])
+    c, given = train.parse_config(["--n_layer=5", "a.py", "b.py", "--wandb_run_name=None",
+                                   "--lr_decay_iters=None", "--op=laplacian"])
     assert (c.n_layer, c.n_head, c.batch_size) == (5, 4, 5)
     # text stays text; bare words
     assert (c.wandb_run_name, c.lr_decay_iters, c.op) == ("None", None, "laplacian")
@@ -280,16 +282,19 @@ def test_no_cuda_here(workdir):
     assert "device='cuda' but this torch has no CUDA" in train_error("--device=cuda")
 
 
-@pytest.mark.parametrize("dtype, want", [("auto", "float32"), ("float32", "float32"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize("dtype, want", [("auto", "float32"), ("float32", "float32"),
+                                         ("bfloat16", "bfloat16")])
 def test_dtypes_on_cpu(dtype, want):
     """auto is float32 on a CPU; bfloat16 runs there too (only float16 does not)."""
-    assert hardware.pick_device_and_dtype(types.SimpleNamespace(device="cpu", dtype=dtype), None) == ("cpu", "cpu", want)
+    cfg = types.SimpleNamespace(device="cpu", dtype=dtype)
+    assert hardware.pick_device_and_dtype(cfg, None) == ("cpu", "cpu", want)
 
 
 def test_no_mps_here(workdir):
     if torch.backends.mps.is_available():
         pytest.skip("this machine has MPS")
-    assert train_error("--device=mps") == "error: device='mps' but this torch has no MPS or sees no such device; use --device=cpu"
+    assert train_error("--device=mps") == ("error: device='mps' but this torch has no MPS or sees no such "
+                                           "device; use --device=cpu")
 
 
 def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
@@ -298,11 +303,13 @@ def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
     monkeypatch.setattr(train, "train", interrupted)
     with pytest.raises(SystemExit) as e:
         train.main(TINY)
-    assert e.value.code == "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
+    assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
+                            "(same --out_dir)")
 
 
 def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypatch):
-    """Under torchrun, gradient_accumulation_steps must split among the processes; rank 0 prints why, others exit 1."""
+    """Under torchrun, gradient_accumulation_steps must split among the processes; rank 0 prints why, others
+    exit 1 silently."""
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
         monkeypatch.setenv(k, v)
     assert train_error("--gradient_accumulation_steps=3") == (
@@ -319,8 +326,8 @@ def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypa
 
 
 def test_resume_rechecks_the_checkpoints_settings_and_stays_where_the_run_is(finished_run):
-    """A resumed run's settings come from its checkpoint and are checked again (a setting this code no longer has
-    is skipped, a bad value refused); out_dir is where the run is now, not where it was trained."""
+    """A resumed run's settings come from its checkpoint and are checked again (a setting this code no longer
+    has is skipped, a bad value refused); out_dir is where the run is now, not where it was trained."""
     ckpt = torch.load(f"{finished_run}/ckpt.pt", weights_only=True)
     warmup = ckpt["config"]["warmup_iters"]
     ckpt["config"].update(warmup_iters=-1, retired_setting=1)
@@ -335,7 +342,7 @@ def test_resume_rechecks_the_checkpoints_settings_and_stays_where_the_run_is(fin
     assert not os.path.exists(finished_run)
 
 
-# --- train.py: the run directory --------------------------------------------------------------------------------
+# --- train.py: the run directory ----------------------------------------------------------------------------
 
 
 def test_out_dir_that_cannot_hold_a_run(workdir):
@@ -354,7 +361,8 @@ def test_read_only_out_dir(workdir):
 
 def test_a_finished_run_is_never_overwritten(finished_run):
     before = {f: open(f"{finished_run}/{f}", "rb").read() for f in os.listdir(finished_run)}
-    assert "already holds a run; continue it with --init_from=resume" in train_error(f"--out_dir={finished_run}")
+    assert ("already holds a run; continue it with --init_from=resume"
+            in train_error(f"--out_dir={finished_run}"))
     assert "the checkpoint is at iter 2 already; raise --max_iters" in train_error(
         f"--out_dir={finished_run}", "--init_from=resume")
     assert {f: open(f"{finished_run}/{f}", "rb").read() for f in os.listdir(finished_run)} == before
@@ -403,7 +411,8 @@ def test_resume_on_another_dataset_is_refused(finished_run):
     os.makedirs("data/abc")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/abc/abc_{split}_00000{n}.bin", [0, 1, 2] * 300)
-    json.dump({"name": "abc", "tokenizer": "char", "chars": "abc", "vocab_size": 3}, open("data/abc/meta.json", "w"))
+    json.dump({"name": "abc", "tokenizer": "char", "chars": "abc", "vocab_size": 3},
+              open("data/abc/meta.json", "w"))
     for extra in (["--init_from=resume", "--max_iters=4"], ["--eval_only=True"]):
         assert "dataset 'abc' is not the one the checkpoint was trained on" in train_error(
             f"--out_dir={finished_run}", "--dataset=abc", *extra)
@@ -420,9 +429,10 @@ def test_the_lock_file_names_its_holder(workdir):
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys):
     os.makedirs("out/busy")
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open('out/busy/lock', 'a+'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('ready', "
-                               "flush=True); "
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import fcntl, sys, time; f = open('out/busy/lock', 'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); "
+                               "print('ready', flush=True); "
                                "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -436,7 +446,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys)
 
 
 def test_locking_again_in_one_process_and_unlocking_releases(workdir, capsys):
-    """A process may lock its own run again; a lock held by another writer is refused; unlocking lets others in."""
+    """A process may lock its own run again; another writer's lock is refused; unlocking lets others in."""
     import fcntl
     os.makedirs("out/l")
     open("out/l/lock", "w").write(str(os.getpid()))  # our own: no note about a run that stopped
@@ -450,7 +460,8 @@ def test_locking_again_in_one_process_and_unlocking_releases(workdir, capsys):
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
     with pytest.raises(ConfigError) as e:
         rundir.lock_run_dir("out/l")
-    assert str(e.value) == "out/l is in use by another run (process ?); wait for it to finish or choose another --out_dir"
+    assert str(e.value) == ("out/l is in use by another run (process ?); wait for it to finish or choose "
+                            "another --out_dir")
     other.close()
     rundir.lock_run_dir("out/l")  # locked anew: the file names this process again
     assert open("out/l/lock").read() == str(os.getpid())
@@ -507,11 +518,12 @@ def test_trim_log_keeps_what_the_checkpoint_saw(workdir):
 
 
 def test_git_commit_names_the_code_that_ran(tmp_path, monkeypatch):
-    """The commit, with '+' when a tracked file differs from it (untracked files do not count); None outside git."""
+    """The commit, '+' when a tracked file differs from it (untracked files don't count); None outside git."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed here")
     def git(*args):
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t",
+                               "-c", "commit.gpgsign=false", *args],
                               cwd=tmp_path, check=True, capture_output=True, text=True).stdout
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.setattr(rundir, "__file__", str(tmp_path / "rundir.py"))
@@ -526,7 +538,8 @@ def test_git_commit_names_the_code_that_ran(tmp_path, monkeypatch):
     assert rundir.git_commit() == sha
     (tmp_path / "rundir.py").write_text("x = 2\n")
     assert rundir.git_commit() == sha + "+"
-    for error in (FileNotFoundError(errno.ENOENT, "No such file or directory: 'git'"), subprocess.TimeoutExpired("git", 10)):
+    for error in (FileNotFoundError(errno.ENOENT, "No such file or directory: 'git'"),
+                  subprocess.TimeoutExpired("git", 10)):
         def no_git(*args, **kwargs):
             raise error
         monkeypatch.setattr(rundir.subprocess, "run", no_git)
@@ -554,7 +567,8 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
     assert open("log.jsonl").read() == '{"event": "start", "iter": 1}\n'
     calls = []
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
-        init=lambda **kwargs: calls.append(("init", kwargs)), log=lambda data, step: calls.append(("log", data, step))))
+        init=lambda **kwargs: calls.append(("init", kwargs)),
+        log=lambda data, step: calls.append(("log", data, step))))
     log = rundir.RunLog(".", wandb_run={"project": "p", "name": "n"})
     for record in ({"event": "start", "iter": 0, "commit": "abc"}, {"event": "train", "iter": 1, "loss": 2.5},
                    {"event": "eval", "iter": 2, "val_loss": 3.0, "gamma": [[0.0]], "delta": [[1.0]]},
@@ -584,7 +598,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(finished_run, monk
     assert not [f for f in os.listdir(finished_run) if f.endswith(".tmp")]
 
 
-# --- train.py: checkpoints ----------------------------------------------------------------------------------------
+# --- train.py: checkpoints ----------------------------------------------------------------------------------
 
 
 class RunsCode:
@@ -593,8 +607,8 @@ class RunsCode:
         return (os.mkdir, ("pwned",))
 
 
-GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val_loss": 4.0, "tokens": 64, "loader":
-        {"epoch": 0, "shard": 0, "pos": 8}, "meta": {"tokenizer": "byte", "vocab_size": 256},
+GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val_loss": 4.0, "tokens": 64,
+        "loader": {"epoch": 0, "shard": 0, "pos": 8}, "meta": {"tokenizer": "byte", "vocab_size": 256},
         "config": {"init_from": "scratch"}}
 
 
@@ -646,10 +660,11 @@ def test_dataset_without_meta_json(workdir):
     os.makedirs("data/half")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/half/half_{split}_00000{n}.bin", list(range(100)) * 10)
-    assert "dataset data/half has no meta.json, so it is not a finished dataset" in train_error("--dataset=half")
+    assert ("dataset data/half has no meta.json, so it is not a finished dataset"
+            in train_error("--dataset=half"))
 
 
-# --- sample.py, bench.py, model.py --------------------------------------------------------------------------------
+# --- sample.py, bench.py, model.py --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("args, words", [
@@ -674,7 +689,8 @@ def test_sample_bad_inputs(finished_run, args, words):
 def test_sample_on_a_cpu_only_machine(finished_run):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert "device='cuda' is not available here" in one_line_error(sample.main, [f"--out_dir={finished_run}", "--device=cuda"])
+    line = one_line_error(sample.main, [f"--out_dir={finished_run}", "--device=cuda"])
+    assert "device='cuda' is not available here" in line
 
 
 @pytest.mark.parametrize("args, words", [

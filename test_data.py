@@ -1,7 +1,7 @@
 """
 Tests for prepare_data.py and dataloader.py: tokenizers, the shard format, corpus preparation (the hub corpora
-included) and the ShardLoader. No network needed: GPT-2 BPE is replaced by a tiny byte-level tiktoken encoding,
-and the Hugging Face hub by FakeHub, which serves small files the tests write.
+included) and the ShardLoader. No network needed: GPT-2 BPE is replaced by a tiny byte-level tiktoken
+encoding, and the Hugging Face hub by FakeHub, which serves small files the tests write.
 
     python -m pytest -q test_data.py            # -m "not slow" skips the two tiny training runs
 """
@@ -38,7 +38,8 @@ DOCS = ["Hello world, this is the first document.\nIt has two lines.",
 def tiny_enc(monkeypatch):
     """A GPT-2-shaped encoding without a download: 256 byte tokens + end-of-text 256."""
     enc = tiktoken.Encoding(
-        name="tiny", pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        name="tiny",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
         mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={"<|endoftext|>": 256})
     monkeypatch.setattr(pd, "gpt2_encoding", lambda: enc)
     return enc
@@ -96,7 +97,8 @@ def corrupt(path, case):
     ("count", "header says 101 tokens but the file holds 100"),
     ("extra", "header says 99 tokens but the file holds 100"),
     ("vocab", "token id 99 is >= the model's vocab_size 50"),
-    ("short", "10 tokens is shorter than one batch"), ("missing", r"no train shards matching \*_train_\*.bin")])
+    ("short", "10 tokens is shorter than one batch"),
+    ("missing", r"no train shards matching \*_train_\*.bin")])
 def test_corrupt_shards(tmp_path, case, message):
     if case != "missing":
         corrupt(str(tmp_path / "x_train_000001.bin"), case)
@@ -116,15 +118,17 @@ def test_vocab_check_is_exact(tmp_path):
 
 
 def test_an_empty_shard_is_just_a_header_and_a_shorter_file_is_refused(tmp_path):
-    """A shard of 0 tokens is the 1024-byte header alone, read back (vocab check included) as no tokens; a file
-    one byte shorter than the header is not a shard."""
+    """A shard of 0 tokens is the 1024-byte header alone, read back (vocab check included) as no tokens; a
+    file one byte shorter than the header is not a shard."""
     path = str(tmp_path / "x_train_000001.bin")
     dl.write_shard(path, np.array([], dtype=np.uint16))
-    assert os.path.getsize(path) == 1024 and np.fromfile(path, dtype="<i4", count=3).tolist() == [20240520, 1, 0]
+    assert (os.path.getsize(path) == 1024
+            and np.fromfile(path, dtype="<i4", count=3).tolist() == [20240520, 1, 0])
     assert dl.read_shard(path).tolist() == [] and dl.read_shard(path, vocab_size=10).tolist() == []
     with open(path, "r+b") as f:
         f.truncate(1023)
-    with pytest.raises(DataError, match="x_train_000001.bin: 1023 bytes is too small for the 1024-byte shard header"
+    with pytest.raises(DataError, match="x_train_000001.bin: 1023 bytes is too small for the 1024-byte shard "
+                                        "header"
                        ) as excinfo:
         dl.read_shard(path)
     one_line_error(excinfo)
@@ -192,10 +196,12 @@ def test_round_trip(tmp_path, tiny_enc, tokenizer):
     for split, docs in (("train", train), ("val", val)):
         tokens = all_tokens(data_dir, split)
         assert meta["tokens"][split] == len(tokens) and max(tokens) < meta["vocab_size"]
-        text = "".join("<|endoftext|>" + d for d in docs) if tokenizer == "gpt2" else pd.DOC_SEPARATOR.join(docs)
+        text = ("".join("<|endoftext|>" + d for d in docs) if tokenizer == "gpt2"
+                else pd.DOC_SEPARATOR.join(docs))
         assert encode(text) == tokens
         # through the loader: one batch of a single block spans the whole shard
-        loader = ShardLoader(data_dir, split, batch_size=1, block_size=len(tokens) - 1, vocab_size=meta["vocab_size"])
+        loader = ShardLoader(data_dir, split, batch_size=1, block_size=len(tokens) - 1,
+                             vocab_size=meta["vocab_size"])
         x, y = loader.next_batch()
         assert x.dtype == y.dtype == torch.int64
         assert x[0].tolist() == tokens[:-1] and y[0].tolist() == tokens[1:]  # targets: the next tokens
@@ -221,14 +227,16 @@ def test_byte_and_gpt2_decoding_skip_padding_ids(tiny_enc):
 
 
 def test_unknown_tokenizer_and_offline_gpt2_are_one_line(monkeypatch):
-    with pytest.raises(DataError, match=r"^unknown tokenizer 'bpe' in meta.json \(expected char, byte or gpt2\)$"):
+    with pytest.raises(DataError, match=r"^unknown tokenizer 'bpe' in meta.json "
+                                        r"\(expected char, byte or gpt2\)$"):
         pd.get_tokenizer({"tokenizer": "bpe"})
 
     def offline(name):
         raise ConnectionError("no network")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(DataError, match=r"could not load tiktoken's GPT-2 vocabulary \(ConnectionError\); .*needs "
-                                        r"internet; offline, use a char or byte dataset \(--tokenizer=char\|byte\)"
+    with pytest.raises(DataError, match=r"could not load tiktoken's GPT-2 vocabulary \(ConnectionError\); "
+                                        r".*needs internet; offline, use a char or byte dataset "
+                                        r"\(--tokenizer=char\|byte\)"
                        ) as excinfo:
         pd.get_tokenizer({"tokenizer": "gpt2"})
     one_line_error(excinfo)
@@ -246,7 +254,8 @@ def test_split_documents_cuts_at_the_last_val_fraction(docs, val_fraction, train
 
 def test_text_folder_without_txt_files(tmp_path):
     (tmp_path / "notes.md").write_text("not a .txt file", encoding="utf-8")
-    with pytest.raises(DataError, match=f"^no .txt files in folder {tmp_path}; put one document per .txt file there$"):
+    with pytest.raises(DataError, match=f"^no .txt files in folder {tmp_path}; put one document per .txt "
+                                        "file there$"):
         pd.prepare("text", input=str(tmp_path), out_dir=str(tmp_path / "data"))
     assert not os.path.exists(tmp_path / "data")
 
@@ -260,7 +269,8 @@ def test_text_folder(tmp_path):
     (folder / "c.TXT").write_text("third bk.. " * 10, encoding="utf-8")  # an upper-case extension counts too
     out = str(tmp_path / "data")
     pd.prepare("text", input=str(folder), out_dir=out, shard_size=30, val_fraction=1 / 3)
-    data_dir = pd.prepare("text", input=str(folder) + "/", out_dir=out, val_fraction=1 / 3)  # again: stale shards go
+    # again: stale shards go
+    data_dir = pd.prepare("text", input=str(folder) + "/", out_dir=out, val_fraction=1 / 3)
     assert data_dir == os.path.join(out, "books")  # books/ is named books, like books
     assert sorted(os.listdir(data_dir)) == ["books_train_000001.bin", "books_val_000000.bin", "meta.json"]
     _, decode = pd.get_tokenizer(dl.load_meta(data_dir))
@@ -274,8 +284,9 @@ def test_text_folder(tmp_path):
 
 
 def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_path):
-    """The char vocabulary always holds the separator put between documents, even when no document has a newline;
-    and a shard filled by several documents holds exactly shard_size tokens before the next one starts."""
+    """The char vocabulary always holds the separator put between documents, even when no document has a
+    newline; and a shard filled by several documents holds exactly shard_size tokens before the next one
+    starts."""
     data_dir = pd.prepare_documents("x", ["abc", "cab", "bca", "abc"], out_dir=str(tmp_path), shard_size=4,
                                     val_fraction=0.25)
     meta = dl.load_meta(data_dir)
@@ -291,13 +302,15 @@ def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_p
 def test_char_vocabulary_up_to_65536_symbols(tmp_path):
     """uint16 ids hold 65,536 characters (the separator included): that many is a dataset, one more is refused
     with a way out, and nothing is written."""
-    chars = [chr(c) for c in range(0x20, 0x20000) if not 0xD800 <= c < 0xE000][:65536]  # no newline, no surrogate
+    # no newline, no surrogate
+    chars = [chr(c) for c in range(0x20, 0x20000) if not 0xD800 <= c < 0xE000][:65536]
     data_dir = pd.prepare_documents("big", ["".join(chars[:65535])], str(tmp_path), val_fraction=0.5)
     meta = dl.load_meta(data_dir)
     assert meta["vocab_size"] == len(meta["chars"]) == 65536
     assert max(all_tokens(data_dir, "val")) == 65535  # the last character gets the last id
     assert pd.get_tokenizer(meta)[1](all_tokens(data_dir, "val")) == "".join(chars[32767:65535])
-    with pytest.raises(DataError, match="^big2: 65,537 distinct characters do not fit uint16; use --tokenizer=byte$"):
+    with pytest.raises(DataError, match="^big2: 65,537 distinct characters do not fit uint16; use "
+                                        "--tokenizer=byte$"):
         pd.prepare_documents("big2", ["".join(chars)], str(tmp_path), val_fraction=0.5)
     assert not os.path.exists(tmp_path / "big2")
 
@@ -305,8 +318,10 @@ def test_char_vocabulary_up_to_65536_symbols(tmp_path):
 @pytest.mark.parametrize("docs, val_fraction, message", [
     ([], 0.1, "^e: the corpus is empty; give it some text$"),
     (["", ""], 0.1, "^e: the corpus is empty; give it some text$"),
-    (["abcdefghij"], 1e-17, "^e: the val split is empty; the corpus is too small for --val_fraction$"),  # 1 - 1e-17 == 1
-    (["abcdefghij"], 0.95, "^e: the train split is empty; the corpus is too small for --val_fraction$")])  # int(0.5)
+    # 1 - 1e-17 == 1
+    (["abcdefghij"], 1e-17, "^e: the val split is empty; the corpus is too small for --val_fraction$"),
+    # int(0.5)
+    (["abcdefghij"], 0.95, "^e: the train split is empty; the corpus is too small for --val_fraction$")])
 def test_a_corpus_too_small_to_split_is_one_line(tmp_path, docs, val_fraction, message):
     with pytest.raises(DataError, match=message):
         pd.prepare_documents("e", docs, str(tmp_path), val_fraction=val_fraction)
@@ -319,29 +334,34 @@ def test_meta_of_each_tokenizer(tmp_path, tiny_enc, capsys):
     """What sample.py and train.py need to decode and size the model, and the summary printed at the end."""
     metas = {tok: dl.load_meta(pd.prepare_documents(tok, DOCS, str(tmp_path), tok, val_fraction=0.3))
              for tok in ("char", "byte", "gpt2")}
-    assert metas["byte"]["vocab_size"] == 256 and "chars" not in metas["byte"] and "eot_token" not in metas["byte"]
-    assert metas["gpt2"]["vocab_size"] == 257 and metas["gpt2"]["eot_token"] == 256 and "chars" not in metas["gpt2"]
+    assert (metas["byte"]["vocab_size"] == 256 and "chars" not in metas["byte"]
+            and "eot_token" not in metas["byte"])
+    assert (metas["gpt2"]["vocab_size"] == 257 and metas["gpt2"]["eot_token"] == 256
+            and "chars" not in metas["gpt2"])
     assert metas["char"]["chars"] == "".join(sorted(set("\n".join(DOCS))))
     train, val = pd.split_documents(DOCS, 0.3)
-    assert metas["byte"]["tokens"] == {"val": len("\n\n".join(val).encode()), "train": len("\n\n".join(train).encode())}
+    assert metas["byte"]["tokens"] == {"val": len("\n\n".join(val).encode()),
+                                       "train": len("\n\n".join(train).encode())}
     out = capsys.readouterr().out
     chars = [sum(map(len, split)) for split in (train, val)]
     assert f"char: 3 documents, {chars[0]} train / {chars[1]} val characters" in out
     n = metas["char"]["tokens"]
-    assert f"char: {n['val']} val tokens, {n['train']} train tokens; vocabulary char with {len(metas['char']['chars'])} " \
-           f"symbols\nwrote 2 shards + meta.json to {tmp_path / 'char'} in " in out
+    assert (f"char: {n['val']} val tokens, {n['train']} train tokens; vocabulary char with "
+            f"{len(metas['char']['chars'])} symbols\nwrote 2 shards + meta.json to "
+            f"{tmp_path / 'char'} in ") in out
 
 
 def test_shard_writer_numbers_val_from_0_and_train_from_1(tmp_path):
-    """llm.c's numbering: NAME_val_000000.bin, NAME_val_000001.bin, ...; NAME_train_000001.bin, ...; a shard is
-    closed as soon as it is full, and adding nothing never makes an empty one."""
+    """llm.c's numbering: NAME_val_000000.bin, NAME_val_000001.bin, ...; NAME_train_000001.bin, ...; a shard
+    is closed as soon as it is full, and adding nothing never makes an empty one."""
     for split, first in (("val", 0), ("train", 1)):
         writer = pd.ShardWriter(str(tmp_path), "n", split, shard_size=3)
         for tokens in ([], np.arange(4), [], [4, 5, 6, 7, 8], []):
             writer.add(tokens)
         writer.close()
         writer.close()  # closing twice changes nothing
-        assert [os.path.basename(f) for f in writer.files] == [f"n_{split}_{first + i:06d}.bin" for i in range(3)]
+        assert [os.path.basename(f) for f in writer.files] == [f"n_{split}_{first + i:06d}.bin"
+                                                               for i in range(3)]
         assert [dl.read_shard(f).tolist() for f in writer.files] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
         assert writer.tokens == 9
     assert sorted(os.listdir(tmp_path)) == [f"n_train_00000{i}.bin" for i in (1, 2, 3)] + \
@@ -366,7 +386,8 @@ def test_pydocs_and_ensure_prepared(tmp_path, capsys):
     assert meta["tokenizer"] == "char" and sum(meta["tokens"].values()) > 200_000
     assert 0.05 < meta["tokens"]["val"] / meta["tokens"]["train"] < 0.15
     assert pd.ensure_prepared("pydocs", out_dir=out) == data_dir and capsys.readouterr().out == ""
-    with pytest.raises(DataError, match=r"`python prepare_data.py text --input=PATH --name=mybooks --out_dir="):
+    with pytest.raises(DataError,
+                       match=r"`python prepare_data.py text --input=PATH --name=mybooks --out_dir="):
         pd.ensure_prepared("mybooks", out_dir=out)
     with pytest.raises(DataError, match=r"dataset .* `python prepare_data.py fineweb10B --out_dir="):
         pd.ensure_prepared("fineweb10B", out_dir=out)
@@ -380,9 +401,13 @@ def test_an_interrupted_publish_never_looks_prepared(tmp_path, monkeypatch):
     """Kill write_dataset at each of its file moves in turn: the dataset is either the old one, whole, or a
     folder without meta.json (which ensure_prepared and load_meta refuse), never a mix that looks whole."""
     out, data_dir = str(tmp_path), str(tmp_path / "t")
-    old_tokens = dl.load_meta(pd.prepare("text", input=__file__, name="t", out_dir=out, shard_size=5000))["tokens"]
+    old_tokens = dl.load_meta(pd.prepare("text", input=__file__, name="t", out_dir=out,
+                                         shard_size=5000))["tokens"]
     real_replace, moves = os.replace, []
-    monkeypatch.setattr(os, "replace", lambda a, b: (moves.append(b), real_replace(a, b)))
+    def recorded(a, b):
+        moves.append(b)
+        real_replace(a, b)
+    monkeypatch.setattr(os, "replace", recorded)
     pd.prepare("text", input=__file__, name="t", out_dir=out, shard_size=7000)
     assert len(moves) > 4  # shards renamed in staging, moved, then meta.json
     for k in range(len(moves)):
@@ -432,7 +457,8 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("error, message", [
-    (PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.bin"), "^Permission denied: /somewhere/x.bin$"),
+    (PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.bin"),
+     "^Permission denied: /somewhere/x.bin$"),
     (OSError(errno.EIO, "Input/output error"), "^Input/output error: {out}$")])  # no file named: the out_dir
 def test_other_file_system_errors_are_one_line(tmp_path, monkeypatch, error, message):
     def write(shard, tokens):
@@ -444,15 +470,16 @@ def test_other_file_system_errors_are_one_line(tmp_path, monkeypatch, error, mes
 
 
 def test_ensure_prepared_says_how_to_prepare(tmp_path, monkeypatch):
-    """Run from a project folder with the default out_dir=data, the command to run needs no --out_dir; a folder
-    without meta.json is named as such."""
+    """Run from a project folder with the default out_dir=data, the command to run needs no --out_dir; a
+    folder without meta.json is named as such."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DataError, match=r"^dataset data/mybooks does not exist; prepare it with `python "
                                         r"prepare_data.py text --input=PATH --name=mybooks`$"):
         pd.ensure_prepared("mybooks")
     (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
-    with pytest.raises(DataError, match=r"^dataset data/shakespeare_char has no meta.json, so it is not a finished "
-                                        r"dataset; prepare it with `python prepare_data.py shakespeare_char`$"):
+    with pytest.raises(DataError, match=r"^dataset data/shakespeare_char has no meta.json, so it is not a "
+                                        r"finished dataset; prepare it with `python prepare_data.py "
+                                        r"shakespeare_char`$"):
         pd.ensure_prepared("shakespeare_char")
     assert os.listdir(tmp_path / "data") == ["shakespeare_char"]  # only pydocs is prepared on the fly
 
@@ -491,10 +518,12 @@ def test_load_meta_accepts_only_what_describes_a_dataset(tmp_path, meta, ok):
 @pytest.mark.parametrize("content", [b'{"tokenizer": "byte", ', b'\xff\xfe{}'])
 def test_load_meta_of_broken_json_is_one_line(tmp_path, content):
     (tmp_path / "meta.json").write_bytes(content)
-    with pytest.raises(DataError, match=r"meta.json is not valid JSON \(.*\); prepare the dataset again") as excinfo:
+    with pytest.raises(DataError,
+                       match=r"meta.json is not valid JSON \(.*\); prepare the dataset again") as excinfo:
         dl.load_meta(str(tmp_path))
     one_line_error(excinfo)
-    assert not pd.prepared_from(str(tmp_path), {"any": "source"})  # a broken meta.json is not a finished dataset
+    # a broken meta.json is not a finished dataset
+    assert not pd.prepared_from(str(tmp_path), {"any": "source"})
 
 
 # -----------------------------------------------------------------------------
@@ -556,7 +585,8 @@ def owt_hub(monkeypatch, tiny_enc):
     """OpenWebText as 4 small parquet files with the real names, read 8 documents at a time."""
     monkeypatch.setattr(pd, "OWT_FILES", pd.OWT_FILES[:4])
     monkeypatch.setattr(pd, "OWT_BATCH", 8)
-    return FakeHub(monkeypatch, {file: parquet_bytes({"text": docs}) for file, docs in zip(pd.OWT_FILES, OWT_DOCS)})
+    return FakeHub(monkeypatch,
+                   {file: parquet_bytes({"text": docs}) for file, docs in zip(pd.OWT_FILES, OWT_DOCS)})
 
 
 def test_openwebtext_end_to_end(tmp_path, owt_hub, tiny_enc):
@@ -582,10 +612,11 @@ def test_openwebtext_end_to_end(tmp_path, owt_hub, tiny_enc):
 
 
 class FailingEncoding:
-    """An encoding that fails on one document: a preparation interrupted in the middle of tokenising a file."""
+    """An encoding that fails on one document: a preparation interrupted while tokenising a file."""
 
     def __init__(self, enc, doc):
-        self.enc, self.doc, self.name, self.n_vocab, self.eot_token = enc, doc, enc.name, enc.n_vocab, enc.eot_token
+        self.enc, self.doc = enc, doc
+        self.name, self.n_vocab, self.eot_token = enc.name, enc.n_vocab, enc.eot_token
 
     def encode_ordinary(self, text):
         if text == self.doc:
@@ -607,9 +638,11 @@ def test_openwebtext_interrupted_twice_redoes_only_what_was_not_finished(tmp_pat
     # 2. started again, it dies in the middle of the fourth file (a batch of it is already written)
     owt_hub.downloads, owt_hub.fail_at = [], None
     with pytest.raises(RuntimeError, match="killed while tokenising"):
-        pd.prepare_openwebtext(out, val_fraction=0.1, num_proc=2, encoding=FailingEncoding(tiny_enc, OWT_DOCS[3][20]))
+        pd.prepare_openwebtext(out, val_fraction=0.1, num_proc=2,
+                               encoding=FailingEncoding(tiny_enc, OWT_DOCS[3][20]))
     assert owt_hub.downloads == pd.OWT_FILES[2:]
-    assert sorted(os.listdir(data_dir)) == [f"openwebtext_train_00000{i}.bin" for i in (1, 2, 3)]  # no 4, no .tmp
+    # no 4, no .tmp
+    assert sorted(os.listdir(data_dir)) == [f"openwebtext_train_00000{i}.bin" for i in (1, 2, 3)]
     # 3. started once more, it does only the fourth file, and ends exactly as an uninterrupted run
     owt_hub.downloads = []
     data_dir = pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
@@ -620,7 +653,7 @@ def test_openwebtext_interrupted_twice_redoes_only_what_was_not_finished(tmp_pat
 
 
 def test_openwebtext_with_no_document_in_val_is_refused(tmp_path, owt_hub):
-    """A val_fraction so small that no document's hash falls below it leaves val empty: one line, no dataset."""
+    """A val_fraction so small that no document's hash is below it leaves val empty: one line, no dataset."""
     out = str(tmp_path / "data")
     with pytest.raises(DataError, match=r"^openwebtext: the val split is empty; raise --val_fraction$"):
         pd.prepare("openwebtext", out_dir=out, val_fraction=1e-12, num_proc=1)
@@ -656,7 +689,8 @@ def test_openwebtext_broken_download_is_deleted_not_used(tmp_path, owt_hub, case
         pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
     assert "deleted it, run the same command again" in one_line_error(excinfo)
     assert not os.path.exists(os.path.join(out, ".openwebtext.staging", "download", file))
-    assert os.listdir(os.path.join(out, "openwebtext")) == ["openwebtext_train_000001.bin"]  # no shard 2, no meta
+    # no shard 2, no meta
+    assert os.listdir(os.path.join(out, "openwebtext")) == ["openwebtext_train_000001.bin"]
     owt_hub.served, owt_hub.files[file], owt_hub.downloads = {}, good, []
     pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=2)
     assert owt_hub.downloads == pd.OWT_FILES[1:]
@@ -684,7 +718,8 @@ def test_fineweb_interrupted_restarted_and_complete(tmp_path, monkeypatch):
     hub.fail_at, hub.error = 2, ConnectionError("network down")
     with pytest.raises(DataError, match="could not reach the Hugging Face hub for fineweb_train_000002.bin"):
         pd.prepare("fineweb10B", out_dir=out, train_shards=3)
-    assert sorted(os.listdir(data_dir)) == ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]  # no meta.json
+    # no meta.json
+    assert sorted(os.listdir(data_dir)) == ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
     hub.downloads, hub.fail_at = [], None
     assert pd.prepare("fineweb10B", out_dir=out, train_shards=3) == data_dir
     assert hub.downloads == ["fineweb_train_000002.bin", "fineweb_train_000003.bin"]  # the rest only
@@ -697,7 +732,8 @@ def test_fineweb_interrupted_restarted_and_complete(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == [".fineweb10B.lock", "fineweb10B"]
     hub.info_error = ConnectionError("offline")  # a finished dataset needs no network
     assert pd.prepare("fineweb10B", out_dir=out, train_shards=3) == data_dir and hub.downloads[2:] == []
-    with pytest.raises(DataError, match="holds 1 train shards beyond --train_shards=2 .fineweb_train_000003.bin"):
+    with pytest.raises(DataError, match="holds 1 train shards beyond --train_shards=2 "
+                                        ".fineweb_train_000003.bin"):
         pd.prepare("fineweb10B", out_dir=out, train_shards=2)
 
 
@@ -710,26 +746,32 @@ def test_fineweb_broken_download_is_deleted_not_used(tmp_path, monkeypatch, case
     hub = FakeHub(monkeypatch, fineweb_files())
     out, file = str(tmp_path / "data"), "fineweb_train_000002.bin"
     good, tokens = hub.files[file], np.frombuffer(hub.files[file][1024:], dtype="<u2")
-    hub.served[file] = {"short": good[:-1000], "long": good + b"\0", "magic": shard_bytes(tokens, magic=20240521),
-                        "count": shard_bytes(tokens, count=2001), "token": shard_bytes(np.r_[tokens[:-1], 50257])}[case]
+    hub.served[file] = {"short": good[:-1000], "long": good + b"\0",
+                        "magic": shard_bytes(tokens, magic=20240521),
+                        "count": shard_bytes(tokens, count=2001),
+                        "token": shard_bytes(np.r_[tokens[:-1], 50257])}[case]
     if case not in ("short", "long"):
         hub.files[file] = hub.served[file]
     with pytest.raises(DataError, match=message) as excinfo:
         pd.prepare("fineweb10B", out_dir=out, train_shards=3)
     assert file in one_line_error(excinfo) and "deleted" in str(excinfo.value)
-    assert sorted(os.listdir(os.path.join(out, "fineweb10B"))) == ["fineweb_train_000001.bin", "fineweb_val_000000.bin"]
+    assert sorted(os.listdir(os.path.join(out, "fineweb10B"))) == ["fineweb_train_000001.bin",
+                                                                   "fineweb_val_000000.bin"]
     assert not os.path.exists(os.path.join(out, ".fineweb10B.staging", "download", file))
 
 
 @pytest.mark.parametrize("where, error, message", [
     ("listing", ConnectionError("[Errno -2] Name or service not known"),
-     "could not reach the Hugging Face hub for kjj0/fineweb10B-gpt2 at revision 889765ea.* .ConnectionError.; this "
-     "needs internet"),
-    ("listing", hub_errors.OfflineModeIsEnabled("offline mode is enabled"), "could not reach the Hugging Face hub"),
-    ("listing", hub_errors.RepositoryNotFoundError("404", response=RESPONSE), "the hub has no dataset repository kjj0"),
-    ("listing", hub_errors.RevisionNotFoundError("404", response=RESPONSE), "the hub has no revision 889765ea"),
+     "could not reach the Hugging Face hub for kjj0/fineweb10B-gpt2 at revision 889765ea.* "
+     ".ConnectionError.; this needs internet"),
+    ("listing", hub_errors.OfflineModeIsEnabled("offline mode is enabled"),
+     "could not reach the Hugging Face hub"),
     ("listing", "missing", "the hub has no fineweb_train_000002.bin in kjj0/fineweb10B-gpt2"),
+    ("listing", hub_errors.RepositoryNotFoundError("404", response=RESPONSE),
+     "the hub has no dataset repository kjj0"),
     ("listing", "script-only", "has none of the files fineweb_val_000000.bin, ...: a script-only repository"),
+    ("listing", hub_errors.RevisionNotFoundError("404", response=RESPONSE),
+     "the hub has no revision 889765ea"),
     ("download", hub_errors.LocalEntryNotFoundError("cannot find the requested files"),
      "could not reach the Hugging Face hub for fineweb_val_000000.bin of kjj0"),
     ("download", hub_errors.RemoteEntryNotFoundError("404", response=RESPONSE),
@@ -754,7 +796,8 @@ def test_hub_failures_are_one_line(tmp_path, monkeypatch, where, error, message)
     assert not os.path.exists(tmp_path / "fineweb10B" / "meta.json")
     partial = tmp_path / ".fineweb10B.staging" / "download" / "partial.incomplete"
     disk_full = getattr(error, "errno", None) == errno.ENOSPC
-    assert partial.exists() == (where == "download" and not disk_full)  # kept for the hub to resume, unless disk full
+    # kept for the hub to resume, unless disk full
+    assert partial.exists() == (where == "download" and not disk_full)
 
 
 @pytest.mark.slow
@@ -768,9 +811,11 @@ def test_tiny_training_run_on_a_hub_corpus(tmp_path, monkeypatch, request, corpu
         FakeHub(monkeypatch, fineweb_files())
         pd.prepare(corpus, out_dir=str(tmp_path / "data"), train_shards=3)
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO_DIR, "train.py"), f"--dataset={corpus}", "--n_layer=1", "--n_head=2",
-         "--n_embd=32", "--block_size=16", "--batch_size=2", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
-         "--device=cpu", "--compile=False", f"--out_dir={tmp_path}/out"], cwd=tmp_path, capture_output=True, text=True)
+        [sys.executable, os.path.join(REPO_DIR, "train.py"), f"--dataset={corpus}", "--n_layer=1",
+         "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--max_iters=2",
+         "--eval_interval=2", "--eval_iters=1", "--device=cpu", "--compile=False",
+         f"--out_dir={tmp_path}/out"],
+        cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert os.path.exists(tmp_path / "out" / "ckpt.pt")
 
@@ -779,7 +824,8 @@ def test_tiny_training_run_on_a_hub_corpus(tmp_path, monkeypatch, request, corpu
 # the command line: every bad input is one line
 
 @pytest.mark.parametrize("argv, message", [
-    (["nope"], "unknown dataset 'nope'; choose one of: pydocs, shakespeare_char, text, openwebtext, fineweb10B"),
+    (["nope"], "unknown dataset 'nope'; choose one of: pydocs, shakespeare_char, text, openwebtext, "
+               "fineweb10B"),
     (["--out_dir=x"], "usage: python prepare_data.py NAME [--key=value ...]"),
     (["pydocs", "--shard_sise=5"], "unknown setting 'shard_sise'; did you mean shard_size?"),
     (["pydocs", "shard_size=5"], "unexpected argument 'shard_size=5'"),
@@ -791,22 +837,25 @@ def test_tiny_training_run_on_a_hub_corpus(tmp_path, monkeypatch, request, corpu
     (["openwebtext", "--val_fraction=0"], "val_fraction=0.0 is not allowed: it must be between 0 and 1"),
     (["fineweb10B", "--train_shards=0"], "train_shards=0 is not allowed: it must be in [1, 104)"),
     (["pydocs", "--tokenizer=bpe"], "tokenizer='bpe' is not allowed: choose one of char, byte, gpt2"),
-    (["pydocs", "--input=book.txt"], "--input does not apply to pydocs, which takes --name, --out_dir, --shard_size"),
+    (["pydocs", "--input=book.txt"], "--input does not apply to pydocs, which takes --name, --out_dir, "
+                                     "--shard_size"),
     (["text"], "text needs --input=PATH"),
     (["text", "--input=a.txt", "--name=../x"], "--name='../x' must be a plain folder name"),
     (["openwebtext", "--shard_size=5"], "--shard_size does not apply to openwebtext, which takes --num_proc"),
     (["openwebtext", "--num_proc=0"], "num_proc=0 is not allowed: it must be ≥ 1"),
     (["fineweb10B", "--train_shards=104"], "train_shards=104 is not allowed: it must be in [1, 104)"),
-    (["fineweb10B", "--val_fraction=0.1"], "--val_fraction does not apply to fineweb10B, which takes --out_dir, "
-                                           "--train_shards")])
+    (["fineweb10B", "--val_fraction=0.1"], "--val_fraction does not apply to fineweb10B, which takes "
+                                           "--out_dir, --train_shards")])
 def test_bad_options_are_one_line(argv, message):
-    with pytest.raises(ValueError) as excinfo:  # DataError or ConfigError: the CLI prints both as `error: ...`
+    # DataError or ConfigError: the CLI prints both as `error: ...`
+    with pytest.raises(ValueError) as excinfo:
         pd.main(argv)
     assert one_line_error(excinfo).startswith(message)
 
 
 @pytest.mark.parametrize("argv, options", [
-    (["pydocs", "--val_fraction=0.0001"], dict(val_fraction=0.0001)),  # just above 0 and just below 1: allowed
+    # just above 0 and just below 1: allowed
+    (["pydocs", "--val_fraction=0.0001"], dict(val_fraction=0.0001)),
     (["pydocs", "--val_fraction=0.9999", "--shard_size=1"], dict(val_fraction=0.9999, shard_size=1)),
     (["openwebtext", "--val_fraction=0.5", "--num_proc=1"], dict(val_fraction=0.5, num_proc=1)),
     (["fineweb10B", "--train_shards=103"], dict(train_shards=103)),  # every train file the hub has
@@ -825,8 +874,8 @@ def test_last_allowed_options_reach_prepare(monkeypatch, argv, options):
     ("my_train", False), ("my_val", False),  # my_train_val_000000.bin would match *_train_*.bin
     ("train_set", True), ("val_data", True), ("my-val", True), ("my_training", True)])
 def test_a_name_that_would_confuse_the_shard_globs_is_refused(tmp_path, name, allowed):
-    """--name becomes the folder and the shards' prefix: '_train_' or '_val_' in it would make one split's shards
-    match the other's glob, so it is refused; a name merely starting with train or val is fine."""
+    """--name becomes the folder and the shards' prefix: '_train_' or '_val_' in it would make one split's
+    shards match the other's glob, so it is refused; a name merely starting with train or val is fine."""
     book = tmp_path / "book.txt"
     book.write_text("a small book of words. " * 20, encoding="utf-8")
     out = str(tmp_path / "data")
@@ -851,7 +900,8 @@ def test_text_dataset_is_named_after_its_file(tmp_path):
     assert data_dir == os.path.join(out, "moby") and dl.load_meta(data_dir)["name"] == "moby"
     assert sorted(os.listdir(data_dir)) == ["meta.json", "moby_train_000001.bin", "moby_val_000000.bin"]
     (tmp_path / "book_train.txt").write_text("a book. " * 20, encoding="utf-8")
-    with pytest.raises(DataError, match="--name='book_train' must be a plain folder name"):  # named after the file
+    # named after the file
+    with pytest.raises(DataError, match="--name='book_train' must be a plain folder name"):
         pd.prepare("text", input=str(tmp_path / "book_train.txt"), out_dir=out)
     assert pd.prepare("text", input=str(book), out_dir=out, name="whale") == os.path.join(out, "whale")
 
@@ -870,7 +920,8 @@ def test_help_prints_the_usage_and_prepares_nothing(tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("case", ["a file", "under a file", "read-only"])
 def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
     (tmp_path / "f").write_text("not a folder")
-    out = str({"a file": tmp_path / "f", "under a file": tmp_path / "f" / "data", "read-only": tmp_path / "ro"}[case])
+    out = str({"a file": tmp_path / "f", "under a file": tmp_path / "f" / "data",
+               "read-only": tmp_path / "ro"}[case])
     if case == "read-only":  # root writes anywhere, so chmod cannot make one: fail as the file system would
         def read_only(path, *args, **kwargs):
             raise PermissionError(errno.EACCES, "Permission denied", path)
@@ -895,7 +946,7 @@ def test_cli_errors_are_one_line(tmp_path):
 # the loader
 
 def write_counting_shards(data_dir, sizes):
-    """Shards whose tokens count up 0, 1, 2, ... across all of them, so every token says where it came from."""
+    """Shards whose tokens count up 0, 1, 2, ... across them all, so every token says where it came from."""
     start = 0
     for i, n in enumerate(sizes):
         dl.write_shard(os.path.join(data_dir, f"c_train_{i + 1:06d}.bin"), np.arange(start, start + n))
@@ -910,7 +961,8 @@ def test_ranks_never_overlap(tmp_path, world_size):
         xs = [loader.next_batch()[0] for loader in loaders]
         seen = [t for x in xs for t in x.flatten().tolist()]
         assert len(set(seen)) == len(seen)  # disjoint
-        assert all((row == torch.arange(row[0], row[0] + 16)).all() for x in xs for row in x)  # rows are windows
+        # rows are windows
+        assert all((row == torch.arange(row[0], row[0] + 16)).all() for x in xs for row in x)
 
 
 def test_one_process_sees_what_the_ranks_see(tmp_path):
@@ -927,11 +979,13 @@ def test_one_process_sees_what_the_ranks_see(tmp_path):
 def test_an_epoch_visits_every_window_once_in_shuffled_order(tmp_path):
     write_counting_shards(str(tmp_path), [321])
     loader = ShardLoader(str(tmp_path), "train", batch_size=2, block_size=10)
-    firsts = [row[0].item() for _ in range(16) for row in loader.next_batch()[0]]  # 32 windows of 10 + 1 tokens
+    # 32 windows of 10 + 1 tokens
+    firsts = [row[0].item() for _ in range(16) for row in loader.next_batch()[0]]
     assert sorted(firsts) == list(range(0, 320, 10)) and firsts != sorted(firsts)
     assert loader.state_dict()["epoch"] == 0
     later = [row[0].item() for _ in range(15) for row in loader.next_batch()[0]]
-    assert loader.state_dict()["epoch"] == 1 and len({t % 10 for t in later}) == 1  # one seeded offset per epoch
+    # one seeded offset per epoch
+    assert loader.state_dict()["epoch"] == 1 and len({t % 10 for t in later}) == 1
     epochs = [[row[0].item() for _ in range(15) for row in loader.next_batch()[0]] for _ in range(3)]
     assert len({tuple(e) for e in [later] + epochs}) == 4  # every epoch its own order (and offset)
 
@@ -959,12 +1013,14 @@ def test_loader_state_resumes_across_shards_and_epochs(tmp_path):
     resumed.reset()
     assert all((x == resumed.next_batch()[0]).all() for x, _ in first)
     with pytest.raises(DataError, match="loader state points at shard 3 but there are only 3 shards"):
-        resumed.load_state_dict({**state, "shard": 3})  # one past the last: the data changed since the checkpoint
+        # one past the last: the data changed since the checkpoint
+        resumed.load_state_dict({**state, "shard": 3})
 
 
 def test_shuffle_follows_the_seed(tmp_path):
     write_counting_shards(str(tmp_path), [1000])
-    firsts = lambda seed: [ShardLoader(str(tmp_path), "train", 8, 10, seed=seed).next_batch()[0][:, 0].tolist()]
+    def firsts(seed):
+        return [ShardLoader(str(tmp_path), "train", 8, 10, seed=seed).next_batch()[0][:, 0].tolist()]
     assert firsts(0) == firsts(0) and firsts(0) != firsts(1)
 
 
@@ -980,7 +1036,8 @@ def test_epoch_advances_after_the_last_shard_only(tmp_path):
 
 @pytest.mark.parametrize("settings, ok", [
     (dict(rank=1, world_size=2), True), (dict(rank=2, world_size=2), False),  # ranks are 0 .. world_size - 1
-    (dict(rank=0, world_size=1), True), (dict(rank=1, world_size=1), False), (dict(rank=-1, world_size=2), False),
+    (dict(rank=0, world_size=1), True), (dict(rank=1, world_size=1), False),
+    (dict(rank=-1, world_size=2), False),
     (dict(world_size=0, rank=0), False), (dict(batch_size=1), True), (dict(batch_size=0), False),
     (dict(block_size=1), True), (dict(block_size=0), False)])
 def test_loader_settings_are_checked(tmp_path, settings, ok):
@@ -991,7 +1048,8 @@ def test_loader_settings_are_checked(tmp_path, settings, ok):
         assert x.shape == (kwargs["batch_size"], kwargs["block_size"]) and (y == x + 1).all()
         return
     with pytest.raises(DataError, match=f"bad loader settings: batch_size={kwargs['batch_size']}, block_size="
-                                        f"{kwargs['block_size']}, rank={kwargs.get('rank', 0)}, world_size=") as excinfo:
+                                        f"{kwargs['block_size']}, rank={kwargs.get('rank', 0)}, world_size="
+                       ) as excinfo:
         ShardLoader(str(tmp_path), "train", **kwargs)
     one_line_error(excinfo)
 
@@ -1002,17 +1060,20 @@ def test_a_shard_of_exactly_one_batch_is_enough(tmp_path, world_size):
     (whatever its seeded offset) still gives full windows; one token fewer is refused, naming the minimum."""
     need = world_size * 2 * 8 + 1
     write_counting_shards(str(tmp_path), [need])
-    loaders = [ShardLoader(str(tmp_path), "train", 2, 8, rank, world_size, seed=1) for rank in range(world_size)]
+    loaders = [ShardLoader(str(tmp_path), "train", 2, 8, rank, world_size, seed=1)
+               for rank in range(world_size)]
     for epoch in range(6):
         xs = [loader.next_batch() for loader in loaders]
-        assert all(loader.state_dict() == {"epoch": epoch, "shard": 0, "pos": world_size * 2} for loader in loaders)
+        assert all(loader.state_dict() == {"epoch": epoch, "shard": 0, "pos": world_size * 2}
+                   for loader in loaders)
         firsts = sorted(x[i, 0].item() for x, _ in xs for i in range(2))
         assert firsts == list(range(0, need - 1, 8))  # the only windows there are, offset clamped to 0
         assert all((y == x + 1).all() and x.shape == (2, 8) for x, y in xs)
     dl.write_shard(str(tmp_path / "c_train_000001.bin"), np.arange(need - 1))
     with pytest.raises(DataError, match=f"c_train_000001.bin: {need - 1} tokens is shorter than one batch of "
-                                        f"world_size\\*batch_size\\*block_size\\+1 = {need}; use a smaller batch or "
-                                        "block, or prepare the data with a larger --shard_size$") as excinfo:
+                                        f"world_size\\*batch_size\\*block_size\\+1 = {need}; use a smaller "
+                                        "batch or block, or prepare the data with a larger --shard_size$"
+                       ) as excinfo:
         ShardLoader(str(tmp_path), "train", 2, 8, world_size - 1, world_size)
     one_line_error(excinfo)
 
@@ -1038,8 +1099,8 @@ def test_later_epochs_start_at_an_offset_that_still_fits(tmp_path):
 def test_load_state_dict_refuses_a_negative_shard(tmp_path):
     write_counting_shards(str(tmp_path), [300, 200])
     loader = ShardLoader(str(tmp_path), "train", batch_size=2, block_size=20)
-    with pytest.raises(DataError, match="^loader state points at shard -1 but there are only 2 shards; the data "
-                                        "changed since the checkpoint$"):
+    with pytest.raises(DataError, match="^loader state points at shard -1 but there are only 2 shards; the "
+                                        "data changed since the checkpoint$"):
         loader.load_state_dict({"epoch": 0, "shard": -1, "pos": 0})
     loader.load_state_dict({"epoch": 0, "shard": 1, "pos": 0})  # the last shard is fine
     assert loader.next_batch()[0].min().item() >= 300

@@ -114,7 +114,7 @@ def test_bits_per_byte_and_gradient_norm_in_every_record(workdir, capsys):
     assert all(r["grad_norm"] > 0 for r in read_log("out/noclip", "train"))  # measured without clipping too
 
 
-# --- what a research run keeps: γ/δ in wandb, step checkpoints ----------------------------------------------
+# --- what a research run keeps: γ/δ in wandb, step checkpoints --------------------------------------------
 
 
 def test_wandb_gets_every_heads_gamma_and_delta(workdir, monkeypatch):

@@ -2,9 +2,9 @@
 The KV-cache GPT.generate, bench.py --what=sample and sample.py --init_from=gpt2.
 
 The reference is nanoGPT's generate, written here again: a full forward over the whole (cropped) context for
-every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op and
-impl, past block_size (where the cache is rebuilt from the last block_size tokens). No network needed: GPT-2 is
-a random tiny one saved locally and tiktoken's GPT-2 BPE is replaced by a tiny byte-level encoding.
+every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op
+and impl, past block_size (where the cache is rebuilt from the last block_size tokens). No network needed:
+GPT-2 is a random tiny one saved locally and tiktoken's GPT-2 BPE is replaced by a tiny byte-level encoding.
 
     python -m pytest -q test_generate.py
 """
@@ -77,7 +77,7 @@ def generate_recorded(model, monkeypatch, idx, max_new_tokens, **kw):
     return out, lengths, seen
 
 
-# --- generation with the cache equals a full forward per token --------------------------------------------------
+# --- generation with the cache equals a full forward per token ----------------------------------------------
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "materialized"])
@@ -132,13 +132,13 @@ def test_a_prompt_longer_than_block_size_is_cropped_as_nanogpt_does():
     assert torch.equal(model.generate(idx, 4, temperature=0), full_forward_per_token(model, idx, 4)[0])
 
 
-# --- bench.py --what=sample --------------------------------------------------------------------------------------
+# --- bench.py --what=sample ---------------------------------------------------------------------------------
 
 
 def test_bench_sample_reports_the_ratio_of_the_times_it_measured(monkeypatch, capsys):
-    """A fake clock that ticks once per token the model is fed: the cached generate feeds the prompt and then each
-    new token once (n tokens), a full forward per token feeds the whole context every time (1 + 2 + ... + n).
-    The second repeat runs on a machine twice as busy: the bench keeps the best repeat of each."""
+    """A fake clock that ticks once per token the model is fed: the cached generate feeds the prompt and then
+    each new token once (n tokens), a full forward per token feeds the whole context every time
+    (1 + 2 + ... + n). The second repeat runs on a machine twice as busy: the bench keeps the best of each."""
     clock = types.SimpleNamespace(now=0.0, calls=0)
     monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     forward = GPT.forward
@@ -157,10 +157,11 @@ def test_bench_sample_reports_the_ratio_of_the_times_it_measured(monkeypatch, ca
     assert r["same_tokens"] is True
     out = capsys.readouterr().out
     assert f"{n} new tokens" in out and "best of 2" in out
-    assert f"| tiny | {n / n * 1000:.2f} | {n * (n + 1) / 2 / n * 1000:.2f} | {(n + 1) / 2:.2f}× | True |" in out
+    assert (f"| tiny | {n / n * 1000:.2f} | {n * (n + 1) / 2 / n * 1000:.2f} | {(n + 1) / 2:.2f}× | True |"
+            in out)
 
 
-# --- sample.py --init_from=gpt2 -------------------------------------------------------------------------------------
+# --- sample.py --init_from=gpt2 -----------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -168,7 +169,8 @@ def tiny_gpt2(tmp_path, monkeypatch):
     """A random tiny GPT-2 saved by transformers, and a byte-level stand-in for tiktoken's GPT-2 BPE."""
     transformers = pytest.importorskip("transformers")
     enc = tiktoken.Encoding(
-        name="tiny", pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        name="tiny",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
         mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={"<|endoftext|>": 256})
     monkeypatch.setattr(prepare_data, "gpt2_encoding", lambda: enc)
     torch.manual_seed(0)
@@ -195,13 +197,15 @@ def test_sample_from_gpt2_weights_continues_as_gpt2_does(tiny_gpt2):
     with torch.no_grad():
         for _ in range(10):  # greedy, with transformers' own model
             idx = torch.cat((idx, hf(idx).logits[:, -1, :].argmax(-1, keepdim=True)), dim=1)
-    args = [f"--init_from={path}", "--start=Hello", "--num_samples=1", "--max_new_tokens=10", "--temperature=0"]
+    args = [f"--init_from={path}", "--start=Hello", "--num_samples=1", "--max_new_tokens=10",
+            "--temperature=0"]
     assert sample.main(args) == [enc.decode(idx[0].tolist())]
     laplacian = sample.main(args + ["--op=laplacian", "--laplacian_heads=2"])
     mix = sample.main(args + ["--op=mix", "--gamma_init=-0.8"])
     assert len({laplacian[0], mix[0], enc.decode(idx[0].tolist())}) == 3  # each op computes something else
     assert all(text.startswith("Hello") for text in laplacian + mix)
-    assert one_line_error(args + ["--op=softmax"]).startswith("error: op='softmax' is not allowed: choose one of")
+    assert one_line_error(args + ["--op=softmax"]).startswith(
+        "error: op='softmax' is not allowed: choose one of")
 
 
 def test_sample_from_gpt2_offline_gives_the_data_preparers_error(tiny_gpt2, monkeypatch):
@@ -215,7 +219,8 @@ def test_sample_from_gpt2_offline_gives_the_data_preparers_error(tiny_gpt2, monk
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--op=laplacian"], "error: --op applies to GPT-2 weights (--init_from=gpt2): a checkpoint's op is fixed"),
+    (["--op=laplacian"],
+     "error: --op applies to GPT-2 weights (--init_from=gpt2): a checkpoint's op is fixed"),
     (["--gamma_init=-0.5"], "error: --gamma_init applies to GPT-2 weights"),
     (["--init_from=gpt3"], "error: unknown pretrained model 'gpt3': use one of gpt2, gpt2-medium"),
 ])

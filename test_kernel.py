@@ -27,7 +27,7 @@ from operators import operator_matrix
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
-# one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), and a generic mix
+# one head each: attention (0, 1), Laplacian (1, -1), corridor γ=-0.4, δ=1.3 -> (δγ, δ), a generic mix
 A_HEADS = [0.0, 1.0, -0.4 * 1.3, 0.3]
 B_HEADS = [1.0, -1.0, 1.3, 0.8]
 SMALL = [list(cfg) for cfg in kernel.SMALL]  # the interpreter's launch configs, as the custom ops take them
@@ -39,9 +39,9 @@ def poison(monkeypatch):
 
 
 def make_inputs(B, T, D, dtype=torch.float32, device=DEVICE, seed=0, layout="model"):
-    """q, k, v as the model passes them: (B, H, T, D) transposed views of one (B, T, 3·H·D) tensor, and dout as
-    the model's backward sends it, a transposed (B, T, H, D) tensor; layout='contiguous' gives plain (B, H, T, D)
-    tensors instead. a, b: (H,) float32, as under autocast."""
+    """q, k, v as the model passes them: (B, H, T, D) transposed views of one (B, T, 3·H·D) tensor, and dout
+    as the model's backward sends it, a transposed (B, T, H, D) tensor; layout='contiguous' gives plain
+    (B, H, T, D) tensors instead. a, b: (H,) float32, as under autocast."""
     H = len(A_HEADS)
     g = torch.Generator().manual_seed(seed)
     if layout == "model":
@@ -80,9 +80,11 @@ def run_and_compare(inputs, dout, tol, fn=mix_attention):
 
 
 SHAPES = [(1, 32), (17, 32), (64, 32), (100, 32), (128, 32), (100, 16), (100, 64), (17, 128)]
-CASES = [(torch.float32, T, D) for T, D in SHAPES] + [(torch.float16, T, D) for T, D in [(1, 32), (100, 32), (77, 64)]]
+CASES = ([(torch.float32, T, D) for T, D in SHAPES]
+         + [(torch.float16, T, D) for T, D in [(1, 32), (100, 32), (77, 64)]])
 if CUDA:  # the real kernels: bf16 too, and longer sequences that go through many tiles
-    CASES += [(dt, T, D) for dt in (torch.float32, torch.float16, torch.bfloat16) for T, D in [(1000, 64), (257, 128)]]
+    CASES += [(dt, T, D) for dt in (torch.float32, torch.float16, torch.bfloat16)
+              for T, D in [(1000, 64), (257, 128)]]
     CASES += [(torch.bfloat16, T, D) for T, D in SHAPES]
 
 
@@ -97,7 +99,8 @@ def test_any_strides():
     (q, _, v, a, b), dout = make_inputs(2, 37, 32, layout="contiguous", seed=5)
     (_, k, _, _, _), _ = make_inputs(2, 37, 32, seed=6)
     run_and_compare((q, k, v.transpose(0, 1).contiguous().transpose(0, 1), a, b), dout, TOL[torch.float32])
-    every_other = (torch.randn(2, 4, 37, 64, device=DEVICE)[..., ::2] for _ in range(3))  # one strides, last 2
+    # one strides, last 2
+    every_other = (torch.randn(2, 4, 37, 64, device=DEVICE)[..., ::2] for _ in range(3))
     run_and_compare((*every_other, a, b), dout, TOL[torch.float32])
 
 
@@ -108,20 +111,21 @@ def _launch_configs():
         fwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["fwd", hopper, D <= 64])
         bwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["bwd", hopper, D <= 64])
         n = max(len(fwd), len(bwd))
-        yield from ((D, f, b) for f, b in itertools.islice(zip(itertools.cycle(fwd), itertools.cycle(bwd)), n))
+        pairs = itertools.islice(zip(itertools.cycle(fwd), itertools.cycle(bwd)), n)
+        yield from ((D, f, b) for f, b in pairs)
 
 
 @pytest.mark.parametrize("D,fwd,bwd", list(_launch_configs()))
 def test_every_launch_config(D, fwd, bwd):
-    """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary. On a GPU
-    in bf16, which they are made for (in fp32 the largest need more shared memory than a GPU has)."""
+    """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary. On a
+    GPU in bf16, which they are made for (in fp32 the largest need more shared memory than a GPU has)."""
     dtype = torch.bfloat16 if CUDA else torch.float32
     inputs, dout = make_inputs(1, 161, D, dtype, seed=D)
     run_and_compare(inputs, dout, TOL[dtype], fn=functools.partial(mix_attention, configs=(fwd, bwd)))
 
 
 def test_pure_attention_and_laplacian_heads():
-    # sanity of the two endpoints: b=1,a=0 is plain causal attention; the first position of a Laplacian head is 0
+    # sanity of the two endpoints: b=1,a=0 is plain causal attention; a Laplacian head's first position is 0
     (q, k, v, a, b), _ = make_inputs(1, 33, 16, seed=3)
     out = mix_attention(q, k, v, a, b)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -142,8 +146,8 @@ def test_torch_compile():
 
 
 def test_custom_ops_pass_opcheck():
-    """torch.library.opcheck: schema, autograd registration, and fake ops whose shapes and strides are the real
-    ops' (torch.compile plans memory with the fakes; aot_eager alone would not notice a wrong stride)."""
+    """torch.library.opcheck: schema, autograd registration, and fake ops whose shapes and strides are the
+    real ops' (torch.compile plans memory with the fakes; aot_eager alone would not notice a wrong stride)."""
     (q, k, v, a, b), dout = make_inputs(1, 9, 16, seed=2)
     torch.library.opcheck(kernel._mix_fwd, (q, k, v, a, b, *SMALL))
     _, pv, lse = kernel._mix_fwd(q, k, v, a, b, *SMALL)
@@ -328,7 +332,7 @@ def _ptxas():
 def _compile(name, constexprs, options, dtype, cc):
     """Compile one kernel for sm_<cc> exactly as a launch would (pointers and strides 16-byte aligned; triton
     runs its own ptxas with its own flags) and return (shared memory bytes, registers, spill bytes), read from
-    the ptxas log that triton prints. Runs in a worker process with TRITON_DUMP_PTXAS_LOG=1 and an empty cache."""
+    the ptxas log that triton prints. Runs in a worker with TRITON_DUMP_PTXAS_LOG=1 and an empty cache."""
     import triton
     from triton.backends.compiler import GPUTarget
     fn = getattr(kernel, name)
@@ -353,7 +357,7 @@ def _compile(name, constexprs, options, dtype, cc):
 
 
 def compile_jobs():
-    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config, sm_90 and sm_80, bf16 and fp16."""
+    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config, sm_90/sm_80, bf16/fp16."""
     for (cc, hopper), dtype, D in itertools.product(((90, True), (80, False)), ("bf16", "fp16"), (64, 128)):
         for kind, name in (("fwd", "_fwd_kernel"), ("bwd", "_bwd_kernel")):
             for bm, bn, warps, stages in kernel.CONFIGS[kind, hopper, D <= 64]:
@@ -372,13 +376,15 @@ def test_compiles_for_hopper_and_ampere_without_spills(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # a cached kernel would skip ptxas and its log
     jobs = list(compile_jobs())
     workers = max(1, min(4, os.cpu_count() or 1))
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
         results = list(pool.map(_compile, *zip(*jobs)))
     failures = []
     for (name, consts, options, dtype, cc), (shared, regs, spills) in zip(jobs, results):
-        print(f"sm_{cc} {dtype} {name} {consts} {options}: {regs} registers, {spills} B spilled, {shared} B shared")
+        label = f"sm_{cc} {dtype} {name} {consts} {options}"
+        print(f"{label}: {regs} registers, {spills} B spilled, {shared} B shared")
         if spills or shared > SHARED_LIMIT[cc]:
-            failures.append(f"sm_{cc} {dtype} {name} {consts} {options}: {spills} B spilled, {shared} B shared")
+            failures.append(f"{label}: {spills} B spilled, {shared} B shared")
     assert not failures, "\n".join(failures)
 
 
@@ -395,12 +401,13 @@ def test_inputs_accepted_in_every_supported_dtype(dtype):
 
 def test_bad_input_messages_name_the_problem():
     (q, k, v, a, b), _ = make_inputs(1, 8, 16, device="cpu")
-    cases = [((q[..., :8], k[..., :8], v[..., :8], a, b), "head dim D must be one of (16, 32, 64, 128), got 8"),
+    cases = [((q[..., :8], k[..., :8], v[..., :8], a, b),
+              "head dim D must be one of (16, 32, 64, 128), got 8"),
              ((q, k, v, a[:2], b), "a must be 1-D of length H=4 and floating-point, got (2,) torch.float32"),
              ((q, k.half(), v, a, b), "q, k, v must share one dtype among float16, bfloat16, float32, "
                                       "got torch.float32, torch.float16, torch.float32"),
-             ((q, k, v[:, :, :5], a, b), "q, k, v must have the same shape, got (1, 4, 8, 16), (1, 4, 8, 16), "
-                                         "(1, 4, 5, 16)")]
+             ((q, k, v[:, :, :5], a, b), "q, k, v must have the same shape, got (1, 4, 8, 16), "
+                                         "(1, 4, 8, 16), (1, 4, 5, 16)")]
     for args, message in cases:
         with pytest.raises(ValueError) as e:
             mix_attention(*args)

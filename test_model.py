@@ -24,7 +24,8 @@ CONTROLS = all_controls()
 def tiny(op, **kw):
     """A tiny config; keyword arguments that are op controls (gamma_init=...) go into controls."""
     controls = {k: v for k, v in kw.items() if k in CONTROLS}
-    return GPTConfig(**{**TINY, "op": op, "controls": controls, **{k: v for k, v in kw.items() if k not in CONTROLS}})
+    return GPTConfig(**{**TINY, "op": op, "controls": controls,
+                        **{k: v for k, v in kw.items() if k not in CONTROLS}})
 
 
 def set_corridor(model, gamma, delta):
@@ -50,7 +51,8 @@ def same_weights(op, source, **kw):
     """A model with another op and the same q/k/v/MLP weights as source (its own γ/δ left at init)."""
     torch.manual_seed(0)
     model = GPT(tiny(op, **kw)).double()
-    shared = {k: v for k, v in source.state_dict().items() if k in model.state_dict() and v.shape == model.state_dict()[k].shape}
+    shared = {k: v for k, v in source.state_dict().items()
+              if k in model.state_dict() and v.shape == model.state_dict()[k].shape}
     model.load_state_dict(shared, strict=False)
     return model
 
@@ -69,7 +71,7 @@ def attention_model():
     return GPT(tiny("attention")).double().eval()
 
 
-# --- identities of the paper -------------------------------------------------------------------------------------
+# --- identities of the paper --------------------------------------------------------------------------------
 
 
 def test_mix_at_gamma0_delta1_is_attention(attention_model):
@@ -100,7 +102,8 @@ def test_corridor_identity_on_materialised_matrices():
     P, I = causal_softmax(q, k), torch.eye(7, dtype=torch.float64)
     for gamma in (-0.9, -0.5, -0.1):
         for delta in (0.7, 1.0, 2.5):
-            M = operator_matrix(q, k, torch.full((3,), delta * gamma, dtype=torch.float64), torch.full((3,), delta, dtype=torch.float64))
+            M = operator_matrix(q, k, torch.full((3,), delta * gamma, dtype=torch.float64),
+                                torch.full((3,), delta, dtype=torch.float64))
             convex = delta * (abs(gamma) * (P - I) + (1 - abs(gamma)) * P)  # attention and negative Laplacian
             assert torch.allclose(M, convex, atol=1e-14)
             assert torch.allclose(M.sum(-1), torch.full((2, 3, 7), delta * (1 + gamma), dtype=torch.float64))
@@ -110,9 +113,11 @@ def test_attention_dropout_on_the_materialised_path():
     """Dropout acts on P (each weight dropped or scaled by 1/(1-p)), never on the identity term."""
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 9, 8, dtype=torch.float64), torch.randn(2, 3, 9, 8, dtype=torch.float64)
-    a, b = torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64), torch.tensor([1.0, 2.0, -0.5], dtype=torch.float64)
+    a = torch.tensor([0.5, -1.0, 0.2], dtype=torch.float64)
+    b = torch.tensor([1.0, 2.0, -0.5], dtype=torch.float64)
     bP = b.view(-1, 1, 1) * causal_softmax(q, k)
-    dropped = operator_matrix(q, k, a, b, dropout_p=0.5) - a.view(-1, 1, 1) * torch.eye(9, dtype=torch.float64)
+    dropped = (operator_matrix(q, k, a, b, dropout_p=0.5)
+               - a.view(-1, 1, 1) * torch.eye(9, dtype=torch.float64))
     kept = (dropped - 2 * bP).abs() < 1e-12
     assert (kept | (dropped == 0)).all() and kept[bP != 0].any() and (dropped[bP != 0] == 0).any()
 
@@ -126,7 +131,8 @@ def test_laplacian_rows_sum_to_zero():
     # the first position sees only itself
     assert (operator_matrix(q, k, a, b) @ v)[:, :, 0].abs().max() < 1e-12
     gamma, delta = -0.3, 1.4  # and a mix head's first position outputs δ(1 + γ)v_0
-    y0 = (operator_matrix(q, k, torch.full((4,), delta * gamma, dtype=torch.float64), torch.full((4,), delta, dtype=torch.float64)) @ v)[:, :, 0]
+    y0 = (operator_matrix(q, k, torch.full((4,), delta * gamma, dtype=torch.float64),
+                          torch.full((4,), delta, dtype=torch.float64)) @ v)[:, :, 0]
     assert torch.allclose(y0, delta * (1 + gamma) * v[:, :, 0])
 
 
@@ -138,7 +144,7 @@ def test_laplacian_heads_are_the_trailing_heads():
     assert (GPT(tiny("laplacian", laplacian_heads=0)).gamma_delta()[0] == 0).all()
 
 
-# --- fast path == materialised reference, outputs and gradients, every op -------------------------------------------
+# --- fast path == materialised reference, outputs and gradients, every op -----------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -186,7 +192,7 @@ def test_causality(op):
     assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])  # the test can see a change when there is one
 
 
-# --- parameters, optimizer, projection ----------------------------------------------------------------------------
+# --- parameters, optimizer, projection ----------------------------------------------------------------------
 
 
 def test_parameter_counts():
@@ -256,7 +262,8 @@ def test_frozen_scalars_do_not_move():
     assert gamma.eq(-0.5).all() and delta.eq(1.0).all()
     # frozen, yet saved with the model: a checkpoint holds every head's γ and δ, whatever was learned
     state = model.state_dict()
-    assert state["transformer.h.0.attn.op.gamma"].eq(-0.5).all() and state["transformer.h.0.attn.op.delta"].eq(1.0).all()
+    assert (state["transformer.h.0.attn.op.gamma"].eq(-0.5).all()
+            and state["transformer.h.0.attn.op.delta"].eq(1.0).all())
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -302,7 +309,8 @@ def assert_same_loss_and_grads(forwards, models):
 
 
 def test_kernel_training_step_equals_sdpa_step():
-    """A training step through the fused Triton kernel (CPU interpreter here) gives the SDPA step's loss and gradients."""
+    """A training step through the fused Triton kernel (CPU interpreter here) gives the loss and the
+    gradients of the SDPA step."""
     models = kernel_and_sdpa_models()
     assert_same_loss_and_grads(models, models)
     # and the same optimizer step (plain SGD: AdamW would blow rounding noise in zero gradients up to lr)
@@ -313,13 +321,13 @@ def test_kernel_training_step_equals_sdpa_step():
 
 
 def test_compiled_model_through_the_kernel_equals_eager_sdpa():
-    """torch.compile traces around the kernel's custom op (q reaches it as a transposed, non-contiguous view)."""
+    """torch.compile traces around the kernel's custom op (q arrives as a transposed, non-contiguous view)."""
     models = kernel_and_sdpa_models()
     compiled = torch.compile(models[0], backend="aot_eager", fullgraph=True)
     assert_same_loss_and_grads([compiled, models[1]], models)
 
 
-# --- generation, MFU, demo ----------------------------------------------------------------------------------------
+# --- generation, MFU, demo ----------------------------------------------------------------------------------
 
 
 def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(monkeypatch):
@@ -330,7 +338,10 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
     last = logits(model, prompt)[:, -1, :]
     seen = []
     multinomial = torch.multinomial
-    monkeypatch.setattr(torch, "multinomial", lambda probs, **kw: seen.append(probs.clone()) or multinomial(probs, **kw))
+    def recorded(probs, **kw):
+        seen.append(probs.clone())
+        return multinomial(probs, **kw)
+    monkeypatch.setattr(torch, "multinomial", recorded)
     for temperature, top_k in ((0.5, None), (2.0, None), (1.0, 3)):
         out = model.generate(prompt, max_new_tokens=20, temperature=temperature, top_k=top_k)
         assert out.shape == (2, 24) and torch.equal(out[:, :4], prompt)  # runs past block_size by cropping
@@ -340,7 +351,8 @@ def test_generate_samples_from_softmax_of_logits_over_temperature_within_top_k(m
         assert torch.allclose(seen[-20], want.softmax(-1), atol=1e-6)
         if not top_k:  # past block_size the model sees only the last block_size tokens
             window = out[:, -1 - TINY["block_size"]:-1]
-            assert torch.allclose(seen[-1], (logits(model, window)[:, -1, :] / temperature).softmax(-1), atol=1e-6)
+            assert torch.allclose(seen[-1], (logits(model, window)[:, -1, :] / temperature).softmax(-1),
+                                  atol=1e-6)
         if top_k:
             assert ((seen[-1] > 0).sum(-1) == top_k).all()
     greedy = model.generate(prompt, max_new_tokens=5, temperature=0)
@@ -360,7 +372,8 @@ def test_evaluation_is_deterministic_with_dropout():
 @pytest.mark.parametrize("op", ["mix", "mix_alpha", "mix_ab"])
 def test_every_mix_op_starts_at_gamma_init_delta_init(op):
     gamma, delta = GPT(tiny(op, gamma_init=-0.3, delta_init=1.7)).gamma_delta()
-    assert torch.allclose(gamma, torch.full_like(gamma, -0.3)) and torch.allclose(delta, torch.full_like(delta, 1.7))
+    assert (torch.allclose(gamma, torch.full_like(gamma, -0.3))
+            and torch.allclose(delta, torch.full_like(delta, 1.7)))
 
 
 def test_demo_prints_operator_and_identity(capsys):
@@ -376,7 +389,7 @@ def test_demo_prints_operator_and_identity(capsys):
     assert p.returncode == 0 and "op=laplacian: head 3 of layer 0" in p.stdout, p.stderr
 
 
-# --- GPT-2 import, offline -------------------------------------------------------------------------------------------
+# --- GPT-2 import, offline ----------------------------------------------------------------------------------
 
 
 def test_from_pretrained_matches_hf_gpt2(tmp_path):
@@ -399,7 +412,7 @@ def test_from_pretrained_matches_hf_gpt2(tmp_path):
     assert (lap(idx, idx)[0] - want).abs().max() > 1e-3  # a different op really computes something else
 
 
-# --- bad input ----------------------------------------------------------------------------------------------------
+# --- bad input ----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -434,13 +447,14 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
         GPT.from_pretrained(str(tmp_path))  # an existing directory that holds no model
 
 
-# --- more of the contract: impl choice, config messages, inference, optimizer groups, MFU, checkpoints ----------------
+# --- more of the contract: impl choice, config messages, inference, optimizer groups, MFU, checkpoints ------
 
 
 class _FakeQ:
     """Stands in for q in resolve_impl: a CUDA (or CPU) tensor of head size 16, without needing a GPU."""
     def __init__(self, cuda):
-        self.is_cuda, self.device, self.dtype = cuda, torch.device("cuda:0" if cuda else "cpu"), torch.bfloat16
+        self.is_cuda, self.dtype = cuda, torch.bfloat16
+        self.device = torch.device("cuda:0" if cuda else "cpu")
         self.shape = (2, 4, 8, 16)
 
 
@@ -458,7 +472,10 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     import kernel_check
     from model import resolve_impl
     asked = []
-    monkeypatch.setattr(kernel_check, "usable", lambda *key: asked.append(key) or kernel_ok)
+    def usable(*key):
+        asked.append(key)
+        return kernel_ok
+    monkeypatch.setattr(kernel_check, "usable", usable)
     head_op = OPS[op](4, **OPS[op].controls)
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
     assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
@@ -496,9 +513,10 @@ def test_bad_config_message_says_what_is_allowed(kw, message):
 
 
 @pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),
-                                dict(op="laplacian", laplacian_heads=4), dict(op="mix", gamma_min=-1, gamma_init=-1)])
+                                dict(op="laplacian", laplacian_heads=4),
+                                dict(op="mix", gamma_min=-1, gamma_init=-1)])
 def test_config_boundaries_are_accepted(kw):
-    """The last allowed values: dropout just under 1, sizes of 1, every head a Laplacian, γ starting at gamma_min."""
+    """The last allowed values: dropout just under 1, sizes of 1, all heads Laplacian, γ at gamma_min."""
     tiny(**{"op": "attention", **kw})
 
 
@@ -536,7 +554,7 @@ def test_targets_of_minus_one_are_ignored():
 
 
 def test_crop_block_size():
-    """Cropping keeps the first positions' embeddings (same logits) and refuses longer inputs with the new size."""
+    """Cropping keeps the first positions' embeddings (same logits) and refuses inputs beyond the new size."""
     torch.manual_seed(0)
     model = GPT(tiny("mix")).double().eval()
     idx = tokens(B=2, T=8)
@@ -571,13 +589,15 @@ def test_optimizer_groups_exactly(op):
 
 
 def test_estimate_mfu_against_the_palm_formula(monkeypatch):
-    """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds / peak FLOP/s."""
+    """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds
+    / peak FLOP/s."""
     import hardware
     monkeypatch.setattr(hardware, "peak_flops", lambda device: 1e12)
     model = GPT(tiny("mix"))
     N = model.get_num_params()
     L, H, Q, T = 2, 4, 8, 16  # TINY: n_layer, n_head, n_embd / n_head, block_size
-    assert model.estimate_mfu(3, 0.5) == pytest.approx((6 * N + 12 * L * H * Q * T) * T * 3 / 0.5 / 1e12, rel=1e-12)
+    assert model.estimate_mfu(3, 0.5) == pytest.approx((6 * N + 12 * L * H * Q * T) * T * 3 / 0.5 / 1e12,
+                                                       rel=1e-12)
 
 
 @pytest.mark.parametrize("op, saved", [
@@ -586,12 +606,13 @@ def test_estimate_mfu_against_the_palm_formula(monkeypatch):
 ])
 def test_checkpoint_holds_exactly_the_operators_scalars(op, saved):
     state = GPT(tiny(op)).state_dict()
-    assert [k for k in state if ".attn.op." in k] == [f"transformer.h.{i}.attn.op.{s}" for i in range(2) for s in saved]
+    assert ([k for k in state if ".attn.op." in k]
+            == [f"transformer.h.{i}.attn.op.{s}" for i in range(2) for s in saved])
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_head_operator_keeps_the_values_dtype(op):
-    """Under bf16 autocast v and P·V are bf16 while the scalars stay fp32: the output is bf16, a·v + b·PV."""
+    """Under bf16 autocast v and P·V are bf16, the scalars stay fp32: the output is bf16, a·v + b·PV."""
     torch.manual_seed(0)
     head_op = OPS[op](4, **OPS[op].controls)
     if op.startswith("mix"):
@@ -619,7 +640,7 @@ def test_attention_dropout_acts_in_training_on_every_path(impl):
 
 
 def test_generate_with_top_k_one_or_beyond_the_vocabulary():
-    """top_k=1 samples the most likely token (greedy); a top_k larger than the vocabulary keeps every token."""
+    """top_k=1 samples the most likely token (greedy); a top_k above the vocabulary size keeps every token."""
     torch.manual_seed(0)
     model = GPT(tiny("mix")).eval()
     prompt = tokens(B=2, T=4)

@@ -2,8 +2,8 @@
 Tests for train.py and sample.py: settings, a tiny end-to-end run of every op, the learning-rate schedule,
 gradient accumulation, the γ projection, dropout seeding, exact resume (also after kill -9 at any moment),
 eval_only, DDP with torchrun (gloo, 2 CPU processes) against one process, the NaN stops, GPT-2 fine-tuning
-start, your own operator through train.py's settings, what a run logs and prints (and its speed), main's one-line
-exits, and sampling. Bad inputs: test_bad_inputs.py.
+start, your own operator through train.py's settings, what a run logs and prints (and its speed), main's
+one-line exits, and sampling. Bad inputs: test_bad_inputs.py.
 
     python -m pytest -q test_train.py
 """
@@ -64,22 +64,25 @@ def assert_same_weights(a, b):
 
 
 def char_dataset(name, chars, n=3000):
-    """data/<name>: a char-level dataset over the alphabet `chars` (random text, enough for TINY's windows)."""
+    """data/<name>: a char-level dataset over the alphabet `chars` (random text, enough for TINY's runs)."""
     os.makedirs(f"data/{name}")
     for split, i in (("val", 0), ("train", 1)):
-        write_shard(f"data/{name}/{name}_{split}_00000{i}.bin", np.random.RandomState(i).randint(0, len(chars), n))
+        write_shard(f"data/{name}/{name}_{split}_00000{i}.bin",
+                    np.random.RandomState(i).randint(0, len(chars), n))
     json.dump({"name": name, "tokenizer": "char", "chars": chars, "vocab_size": len(chars)},
               open(f"data/{name}/meta.json", "w"))
 
 
-# --- settings -----------------------------------------------------------------------------------------------------
+# --- settings -----------------------------------------------------------------------------------------------
 
 
 def test_config_file_and_overrides(tmp_path):
     cfg = tmp_path / "x.py"
     cfg.write_text("import math\nop = 'laplacian'\nn_layer = 3\nlearning_rate = 1e-3\n")
-    c, given = parse_config([str(cfg), "--n_layer=5", "--op=mix", "--gamma_min=0", "--compile=False", "--out_dir=2024"])
-    assert (c.op, c.n_layer, c.learning_rate, c.gamma_min, c.compile, c.out_dir) == ("mix", 5, 1e-3, 0, False, "2024")
+    c, given = parse_config([str(cfg), "--n_layer=5", "--op=mix", "--gamma_min=0", "--compile=False",
+                             "--out_dir=2024"])
+    assert ((c.op, c.n_layer, c.learning_rate, c.gamma_min, c.compile, c.out_dir)
+            == ("mix", 5, 1e-3, 0, False, "2024"))
     assert given == {"op", "n_layer", "learning_rate", "gamma_min", "compile", "out_dir"}
     # defaults: train.py's, the ops'
     assert (c.batch_size, c.gamma_init, c.laplacian_heads) == (12, 0.0, None)
@@ -87,7 +90,8 @@ def test_config_file_and_overrides(tmp_path):
 
 def test_the_seed_decides_the_initial_weights_and_the_data_order(workdir):
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):  # at learning rate 0 the weights stay the initial ones
-        run(f"--seed={seed}", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2", f"--out_dir=out/{name}")
+        run(f"--seed={seed}", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2",
+            f"--out_dir=out/{name}")
     init = {name: weights(f"out/{name}/ckpt.pt")["lm_head.weight"] for name in "abc"}
     losses = {name: [r["loss"] for r in read_log(f"out/{name}", "train")] for name in "abc"}
     assert torch.equal(init["a"], init["b"]) and not torch.equal(init["a"], init["c"])
@@ -98,7 +102,8 @@ def test_evaluation_does_not_disturb_training(workdir):
     """Evaluating every step or only at the end: the same training batches, the same final weights."""
     often = run("--max_iters=4", "--eval_interval=1", "--out_dir=out/often")
     once = run("--max_iters=4", "--eval_interval=4", "--out_dir=out/once")
-    assert [r["loss"] for r in read_log("out/often", "train")] == [r["loss"] for r in read_log("out/once", "train")]
+    assert ([r["loss"] for r in read_log("out/often", "train")]
+            == [r["loss"] for r in read_log("out/once", "train")])
     assert all(torch.equal(p, q) for p, q in zip(often.state_dict().values(), once.state_dict().values()))
 
 
@@ -120,7 +125,7 @@ def test_learning_rate_decays_over_max_iters_unless_lr_decay_iters_is_given():
 
 
 def test_learning_rate_when_warmup_ends_where_decay_ends():
-    """lr_decay_iters = warmup_iters leaves no cosine to divide by: warmup, the peak, then min_lr (no crash)."""
+    """lr_decay_iters = warmup_iters leaves no cosine to divide by: warmup, peak, then min_lr (no crash)."""
     c, _ = parse_config(["--learning_rate=1.0", "--min_lr=0.1", "--warmup_iters=4", "--lr_decay_iters=4"])
     assert [get_lr(it, c) for it in range(7)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 0.1, 0.1])
 
@@ -139,7 +144,9 @@ def test_learning_rate_when_warmup_ends_where_decay_ends():
 ])
 def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, bf16, mps, picked):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8 if cuda else 0)  # cuda:3 is there
+    def device_count():
+        return 8 if cuda else 0  # cuda:3 is there
+    monkeypatch.setattr(torch.cuda, "device_count", device_count)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert pick_device_and_dtype(parse_config(args)[0], local_rank) == picked
@@ -147,14 +154,16 @@ def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, bf16, 
 
 def test_a_device_this_machine_lacks_is_refused(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match=r"^device='mps' but this torch has no MPS or sees no such device; use --device=cpu$"):
+    with pytest.raises(ConfigError, match=r"^device='mps' but this torch has no MPS or sees no such device; "
+                                          r"use --device=cpu$"):
         pick_device_and_dtype(parse_config(["--device=mps"])[0], None)
 
 
 def test_corridor_summary_counts_heads_strictly_inside():
     """γ = -1 and γ = 0 are the corridor's ends, not inside it; per layer: mean γ and mean δ."""
     gamma, delta = torch.tensor([[-1.0, -0.5], [0.0, -0.999]]), torch.tensor([[1.0, 2.0], [0.5, 0.5]])
-    assert corridor_summary(gamma, delta) == "corridor 2/4 heads in (-1,0) | L0:γ-0.75/δ1.50 L1:γ-0.50/δ0.50"
+    assert corridor_summary(gamma, delta) == ("corridor 2/4 heads in (-1,0) | "
+                                              "L0:γ-0.75/δ1.50 L1:γ-0.50/δ0.50")
 
 
 @pytest.mark.parametrize("vocab, padded", [(50257, 50304), (50256, 50256), (103, 103)])
@@ -164,7 +173,7 @@ def test_gpt2s_vocabulary_is_padded_to_a_multiple_of_64(vocab, padded):
     assert model.config.vocab_size == model.lm_head.weight.shape[0] == padded
 
 
-# --- end to end ---------------------------------------------------------------------------------------------------
+# --- end to end ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -175,7 +184,8 @@ def test_tiny_run_of_every_op(workdir, op):
     evals, trains = read_log(out, "eval"), read_log(out, "train")
     assert records[0]["event"] == "start" and records[0]["iter"] == 0
     assert [r["iter"] for r in evals] == [0, 3, 6] and [r["iter"] for r in trains] == [1, 2, 3, 4, 5, 6]
-    assert records[-1]["event"] == "done" and records[-1]["best_val_loss"] == min(r["val_loss"] for r in evals[1:])
+    assert (records[-1]["event"] == "done"
+            and records[-1]["best_val_loss"] == min(r["val_loss"] for r in evals[1:]))
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3  # it learns something
     assert trains[-1]["tokens"] == 6 * 4 * 32
     assert [r["lr"] for r in trains[:3]] == pytest.approx([1e-3, 2e-3, 3e-3])  # warmup: what get_lr says
@@ -199,11 +209,11 @@ def test_logged_train_loss_is_the_mean_over_micro_steps(workdir):
 
 
 def test_a_run_records_and_prints_what_ran(workdir, capsys):
-    run("--op=mix", "--max_iters=5", "--eval_interval=3", "--log_interval=2", "--gradient_accumulation_steps=2",
-        "--out_dir=out/rec")
+    run("--op=mix", "--max_iters=5", "--eval_interval=3", "--log_interval=2",
+        "--gradient_accumulation_steps=2", "--out_dir=out/rec")
     start, done = read_log("out/rec")[0], read_log("out/rec")[-1]
-    assert (start["event"], start["iter"], start["device"], start["dtype"], start["world_size"], start["torch"]) == \
-        ("start", 0, "cpu", "float32", 1, torch.__version__) and "commit" in start
+    assert ((start["event"], start["iter"], start["device"], start["dtype"], start["world_size"],
+             start["torch"]) == ("start", 0, "cpu", "float32", 1, torch.__version__) and "commit" in start)
     evals = read_log("out/rec", "eval")
     # 2 × 4 × 32 per iter
     assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (3, 3 * 256), (5, 5 * 256)]
@@ -211,7 +221,8 @@ def test_a_run_records_and_prints_what_ran(workdir, capsys):
     assert [r["iter"] for r in read_log("out/rec", "train")] == [2, 4, 5]
     assert (done["event"], done["iter"]) == ("done", 5)
     out = capsys.readouterr().out
-    assert "device cpu, dtype float32, 1 process(es), 256 tokens per iteration, 0.03M parameters, op=mix" in out
+    assert ("device cpu, dtype float32, 1 process(es), 256 tokens per iteration, 0.03M parameters, op=mix"
+            in out)
     assert f"unigram baseline: val loss {unigram_loss('data/pydocs', 103):.4f} (context-free" in out
     # no torch.compile on CPU
     assert out.count("saved checkpoint to out/rec/ckpt.pt") == 2 and "compiling" not in out
@@ -240,7 +251,8 @@ def test_speed_is_per_iteration_and_leaves_evaluation_out(workdir, monkeypatch, 
     monkeypatch.setattr(torch.optim.AdamW, "step", timed_step)
     monkeypatch.setattr(GPT, "forward", timed_forward)
     monkeypatch.setattr(train, "time", SimpleNamespace(time=lambda: clock[0]))  # train.py's clock only
-    run("--max_iters=5", "--eval_interval=3", "--log_interval=2", "--gradient_accumulation_steps=2", "--out_dir=out/speed")
+    run("--max_iters=5", "--eval_interval=3", "--log_interval=2", "--gradient_accumulation_steps=2",
+        "--out_dir=out/speed")
     trains = read_log("out/speed", "train")
     assert [r["iter"] for r in trains] == [2, 4, 5]
     assert [(r["ms_per_iter"], r["tokens_per_s"], r["mfu"]) for r in trains] == [(500.0, 512.0, None)] * 3
@@ -292,7 +304,8 @@ def test_dropout_draws_new_masks_every_step(workdir):
 
 
 def test_resume_is_exact(workdir):
-    common = ["--op=mix", "--dropout=0.1", "--lr_decay_iters=8", "--eval_interval=4", "--gradient_accumulation_steps=2"]
+    common = ["--op=mix", "--dropout=0.1", "--lr_decay_iters=8", "--eval_interval=4",
+              "--gradient_accumulation_steps=2"]
     straight = run(*common, "--max_iters=8", "--out_dir=out/straight")
     run(*common, "--max_iters=4", "--out_dir=out/halves")
     with open("out/halves/log.jsonl", "a") as f:  # what a crash after the checkpoint leaves behind
@@ -329,8 +342,8 @@ train.main(sys.argv[1:])
 
 
 def train_process(out, *extra, env=None):
-    return subprocess.Popen([sys.executable, "-c", RUNNER.format(here=HERE), *KILL_ARGS, f"--out_dir={out}", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    args = [sys.executable, "-c", RUNNER.format(here=HERE), *KILL_ARGS, f"--out_dir={out}", *extra]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
@@ -355,12 +368,14 @@ def test_kill_9_at_any_moment_then_resume_is_bit_exact(workdir):
     p = train_process("out/straight")
     assert p.wait() == 0, p.stderr.read()[-2000:]
     straight = weights("out/straight/ckpt.pt")
-    log_has = lambda out, text: os.path.exists(f"{out}/log.jsonl") and text in open(f"{out}/log.jsonl").read()
+    def logged(out, text):
+        return os.path.exists(f"{out}/log.jsonl") and text in open(f"{out}/log.jsonl").read()
     kill_when(train_process("out/startup"), lambda: os.path.exists("out/startup/lock"))  # during start-up
-    kill_when(train_process("out/mid"), lambda: log_has("out/mid", '"iter": 7,'))  # mid-training
+    kill_when(train_process("out/mid"), lambda: logged("out/mid", '"iter": 7,'))  # mid-training
     p = train_process("out/save", env={"KILL_IN_SAVE": "1"})  # inside the second checkpoint save
     p.wait()
-    assert p.returncode == -signal.SIGKILL and torch.load("out/save/ckpt.pt", weights_only=True)["iter_num"] == 3
+    assert (p.returncode == -signal.SIGKILL
+            and torch.load("out/save/ckpt.pt", weights_only=True)["iter_num"] == 3)
     for out in ("out/startup", "out/mid", "out/save"):
         finish_after_kill(out)
         assert_same_weights(straight, weights(f"{out}/ckpt.pt"))
@@ -375,16 +390,19 @@ def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys)
     capsys.readouterr()
     for extra in ([], ["--init_from=resume"]):
         run("--max_iters=4", "--eval_only=True", "--out_dir=out/e", *extra)
-        assert f"step 4: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}" in capsys.readouterr().out
+        assert (f"step 4: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}"
+                in capsys.readouterr().out)
         assert {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")} == files
 
 
 def test_resume_keeps_the_runs_settings_unless_given(workdir):
-    run("--max_iters=2", "--eval_interval=2", "--learning_rate=1e-4", "--batch_size=2", "--seed=5", "--out_dir=out/k")
+    run("--max_iters=2", "--eval_interval=2", "--learning_rate=1e-4", "--batch_size=2", "--seed=5",
+        "--out_dir=out/k")
     # nothing else given
     train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"]))
     config = json.load(open("out/k/config.json"))
-    assert (config["learning_rate"], config["batch_size"], config["seed"], config["n_layer"]) == (1e-4, 2, 5, 2)
+    assert ((config["learning_rate"], config["batch_size"], config["seed"], config["n_layer"])
+            == (1e-4, 2, 5, 2))
     assert [r["tokens"] for r in read_log("out/k", "train")] == [64 * i for i in (1, 2, 3, 4)]
     train.train(*parse_config(["--init_from=resume", "--max_iters=5", "--out_dir=out/k", "--batch_size=4"]))
     assert json.load(open("out/k/config.json"))["batch_size"] == 4  # what is given wins
@@ -414,8 +432,8 @@ def test_resume_refuses_another_alphabet_of_the_same_size(workdir):
     char_dataset("xyz", "xyz")
     char_dataset("abc_copy", "abc")  # another name, the same vocabulary
     run("--dataset=abc", "--max_iters=2", "--eval_interval=2", "--out_dir=out/c")
-    with pytest.raises(ConfigError, match=r"^dataset 'xyz' is not the one the checkpoint was trained on \(another "
-                       r"tokenizer or vocabulary\); use --dataset=abc$"):
+    with pytest.raises(ConfigError, match=r"^dataset 'xyz' is not the one the checkpoint was trained on "
+                                          r"\(another tokenizer or vocabulary\); use --dataset=abc$"):
         run("--dataset=xyz", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
     run("--dataset=abc_copy", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
     assert torch.load("out/c/ckpt.pt", weights_only=True)["meta"]["chars"] == "abc"
@@ -423,13 +441,15 @@ def test_resume_refuses_another_alphabet_of_the_same_size(workdir):
 
 def test_resume_keeps_the_best_val_loss_and_the_token_count(workdir):
     """At learning rate 0 the resumed run's val loss equals the checkpoint's best: no improvement, no save."""
-    common = ["--learning_rate=0", "--min_lr=0", "--eval_interval=2", "--always_save_checkpoint=False", "--out_dir=out/b"]
+    common = ["--learning_rate=0", "--min_lr=0", "--eval_interval=2", "--always_save_checkpoint=False",
+              "--out_dir=out/b"]
     run(*common, "--max_iters=2")
     best = torch.load("out/b/ckpt.pt", weights_only=True)["best_val_loss"]
     run(*common, "--max_iters=4", "--init_from=resume")
     assert torch.load("out/b/ckpt.pt", weights_only=True)["iter_num"] == 2
     evals = read_log("out/b", "eval")
-    assert [(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (2, 256), (4, 512)] and evals[-1]["val_loss"] == best
+    assert ([(r["iter"], r["tokens"]) for r in evals] == [(0, 0), (2, 256), (4, 512)]
+            and evals[-1]["val_loss"] == best)
     assert read_log("out/b", "done")[-1]["best_val_loss"] == best
 
 
@@ -446,13 +466,14 @@ def test_a_moved_run_resumes_where_it_now_is(workdir):
 @pytest.mark.parametrize("always", [True, False])
 def test_checkpoint_is_saved_always_or_only_when_val_improves(workdir, always):
     """At learning rate 0 the val loss never improves after the first evaluation."""
-    run("--learning_rate=0", "--min_lr=0", "--max_iters=6", "--eval_interval=2", f"--always_save_checkpoint={always}",
-        "--out_dir=out/a")
+    run("--learning_rate=0", "--min_lr=0", "--max_iters=6", "--eval_interval=2",
+        f"--always_save_checkpoint={always}", "--out_dir=out/a")
     assert torch.load("out/a/ckpt.pt", weights_only=True)["iter_num"] == (6 if always else 2)
 
 
 def test_best_val_loss_stays_the_best_when_every_evaluation_saves(workdir):
-    run("--learning_rate=0.1", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True", "--out_dir=out/a")
+    run("--learning_rate=0.1", "--max_iters=8", "--eval_interval=1", "--always_save_checkpoint=True",
+        "--out_dir=out/a")
     val = [r["val_loss"] for r in read_log("out/a", "eval")]
     assert min(val) < val[-1]  # at this learning rate the loss jumps after iter 2: the last is not the best
     assert torch.load("out/a/ckpt.pt", weights_only=True)["best_val_loss"] == min(val)
@@ -466,9 +487,13 @@ def test_the_last_iteration_is_always_evaluated_and_saved(workdir):
 
 def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
     lr = train.get_lr
-    monkeypatch.setattr(train, "get_lr", lambda it, c: lr(it, c) if it < 4 else 1e30)  # explodes at iter 4
-    with pytest.raises(FloatingPointError, match=r"the training loss became (nan|inf) at iter \d+; stopping \(the last "
-                       "good checkpoint out/nan/ckpt.pt is untouched"):
+    def explodes_at_iter_4(it, c):
+        if it < 4:
+            return lr(it, c)
+        return 1e30
+    monkeypatch.setattr(train, "get_lr", explodes_at_iter_4)
+    with pytest.raises(FloatingPointError, match=r"the training loss became (nan|inf) at iter \d+; stopping "
+                                                 r"\(the last good checkpoint out/nan/ckpt.pt is untouched"):
         run("--max_iters=20", "--eval_interval=2", "--grad_clip=0", "--out_dir=out/nan")
     ckpt = torch.load("out/nan/ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
@@ -476,9 +501,13 @@ def test_nan_stops_and_keeps_last_good_checkpoint(workdir, monkeypatch):
 
 def test_nan_in_the_validation_loss_alone_stops_too(workdir, monkeypatch):
     forward = GPT.forward
-    monkeypatch.setattr(GPT, "forward", lambda self, idx, targets=None: (
-        forward(self, idx, targets) if self.training else (None, torch.tensor(float("nan")))))
-    with pytest.raises(FloatingPointError, match="the validation loss became nan at iter 0; stopping .no checkpoint"):
+    def nan_in_evaluation(self, idx, targets=None):
+        if self.training:
+            return forward(self, idx, targets)
+        return None, torch.tensor(float("nan"))
+    monkeypatch.setattr(GPT, "forward", nan_in_evaluation)
+    with pytest.raises(FloatingPointError,
+                       match="the validation loss became nan at iter 0; stopping .no checkpoint"):
         run("--max_iters=4", "--eval_interval=2", "--out_dir=out/vnan")
 
 
@@ -491,8 +520,8 @@ def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, mon
     monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):  # what torchrun sets, 2 processes
         monkeypatch.setenv(k, v)
-    with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=3 must be a multiple of the number of "
-                       r"processes \(2\)$"):
+    with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=3 must be a multiple of the number "
+                                          r"of processes \(2\)$"):
         run("--gradient_accumulation_steps=3", "--max_iters=1", "--out_dir=out/ddp")
     # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
     with pytest.raises(Started, match="'backend': 'gloo'"):
@@ -520,7 +549,8 @@ def test_main_on_ctrl_c_says_how_to_continue(monkeypatch):
     monkeypatch.setattr(train, "train", interrupted)
     with pytest.raises(SystemExit) as e:
         train.main(["--max_iters=2"])
-    assert e.value.code == "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
+    assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
+                            "(same --out_dir)")
 
 
 def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
@@ -537,21 +567,22 @@ def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
     monkeypatch.setattr(GPT, "forward", nan_after_the_first_evaluation)
     with pytest.raises(SystemExit) as e:
         train.main(TINY + ["--max_iters=4", "--eval_interval=2", "--out_dir=out/nan"])
-    assert e.value.code == ("error: the validation loss became nan at iter 2; stopping (no checkpoint was written). "
-                            "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+    assert e.value.code == ("error: the validation loss became nan at iter 2; stopping (no checkpoint was "
+                            "written). Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
     assert not os.path.exists("out/nan/ckpt.pt")
     assert [r["iter"] for r in read_log("out/nan", "eval")] == [0, 2]  # the NaN evaluation is in the log
 
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one(workdir):
-    """torchrun, gloo, 2 CPU processes: a step and the evaluation equal one process taking the same global batch."""
+    """torchrun, gloo, 2 CPU processes: a step and an evaluation equal one process's, same global batch."""
     args = TINY + ["--op=mix", "--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=2"]
     # the windows that 2 ranks × 2 batches see
     run(*args[len(TINY):], "--eval_iters=4", "--out_dir=out/single")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         os.path.join(HERE, "train.py"), *args, "--out_dir=out/ddp"],
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     single, ddp = weights("out/single/ckpt.pt"), weights("out/ddp/ckpt.pt")
     for k in single:
@@ -561,13 +592,15 @@ def test_ddp_two_processes_match_one(workdir):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     # only rank 0 prints, saves
     assert p.stdout.count("saved checkpoint") == 1 and p.stdout.count("step 2:") == 1
-    assert [r["tokens"] for r in read_log("out/ddp", "train")] == [r["tokens"] for r in read_log("out/single", "train")]
+    assert ([r["tokens"] for r in read_log("out/ddp", "train")]
+            == [r["tokens"] for r in read_log("out/single", "train")])
 
 
 def test_finetune_from_local_gpt2_starts_at_attention(workdir):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, vocab_size=100))
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                                              vocab_size=100))
     hf.save_pretrained("tiny-gpt2")
     os.makedirs("data/tok")
     for split, n in (("val", 0), ("train", 1)):
@@ -593,7 +626,7 @@ def test_op_lr_scale_reaches_the_optimizer(workdir):
 
 
 def test_add_your_own_operator(workdir, request, capsys):
-    """The README's example, written the same way: one class, registered, trained through train.py's settings."""
+    """The README's example, written the same way: one class, registered, trained with train.py's settings."""
     @register_op("corridor_gate")
     class CorridorGate(HeadOperator):
         """δ(γI + P) with γ = -sigmoid(w): a head that can never leave the convex corridor."""
@@ -613,7 +646,8 @@ def test_add_your_own_operator(workdir, request, capsys):
         parse_config(["--help"])
     assert "  (op=corridor_gate) every head's w at the start\n" in capsys.readouterr().out
 
-    model = run("--op=corridor_gate", "--w_init=2.0", "--max_iters=4", "--eval_interval=4", "--out_dir=out/gate")
+    model = run("--op=corridor_gate", "--w_init=2.0", "--max_iters=4", "--eval_interval=4",
+                "--out_dir=out/gate")
     gamma = torch.tensor(read_log("out/gate", "eval")[0]["gamma"])
     # γ = -sigmoid(2) at the start
     assert torch.allclose(gamma, torch.full((2, 2), -1 / (1 + math.exp(-2.0))))
@@ -626,9 +660,11 @@ def test_sample_decodes_text_from_any_directory(workdir, capsys, monkeypatch):
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/s")
     monkeypatch.chdir(workdir / "out")  # no data/ here: the checkpoint carries what decoding needs
     args = ["--out_dir=s", "--start=The ", "--num_samples=2", "--max_new_tokens=20"]
-    draw = lambda *more: sample.sample(configure(sample.DEFAULTS, args + list(more), sample.RULES, files=False)[0])
+    def draw(*more):
+        return sample.sample(configure(sample.DEFAULTS, args + list(more), sample.RULES, files=False)[0])
     texts = draw()
-    assert len(texts) == 2 and all(t.startswith("The ") and len(t) == 24 for t in texts) and texts[0] != texts[1]
+    assert (len(texts) == 2 and all(t.startswith("The ") and len(t) == 24 for t in texts)
+            and texts[0] != texts[1])
     assert draw() == texts and draw("--seed=7") != texts  # the seed decides the samples
     greedy = [draw("--temperature=0", f"--seed={s}") for s in (1, 2)]
     # temperature 0: the most likely token, always
@@ -641,8 +677,10 @@ def draw(workdir):
     """sample.sample on a run trained with dropout 0.5 (which sampling must switch off)."""
     import sample
     run("--dropout=0.5", "--max_iters=2", "--eval_interval=2", "--out_dir=out/d")
-    return lambda *args: sample.sample(configure(sample.DEFAULTS, ["--out_dir=out/d", "--num_samples=2",
-                                                                   "--max_new_tokens=20", *args], sample.RULES, files=False)[0])
+    def draw(*args):
+        settings = ["--out_dir=out/d", "--num_samples=2", "--max_new_tokens=20", *args]
+        return sample.sample(configure(sample.DEFAULTS, settings, sample.RULES, files=False)[0])
+    return draw
 
 
 def test_sample_draws_from_the_model_in_eval_mode(draw):
@@ -657,8 +695,8 @@ def test_sample_draws_from_the_model_in_eval_mode(draw):
     greedy = decode(model.generate(prompt, 20, temperature=0)[0].tolist())
     torch.manual_seed(3)
     seeded = [decode(model.generate(prompt, 20, temperature=0.8, top_k=200)[0].tolist()) for _ in range(2)]
-    assert draw("--start=The ", "--temperature=0", "--seed=1") == draw("--start=The ", "--temperature=0", "--seed=2") \
-        == [greedy, greedy]
+    assert (draw("--start=The ", "--temperature=0", "--seed=1")
+            == draw("--start=The ", "--temperature=0", "--seed=2") == [greedy, greedy])
     assert draw("--start=The ", "--seed=3") == seeded
 
 

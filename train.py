@@ -40,7 +40,7 @@ log_interval = 10  # print and log the training loss every this many iterations
 eval_iters = 20  # batches of the train split's loss estimate (the val loss reads val_tokens, below)
 val_tokens = 10_485_760  # the val loss: the first val_tokens tokens of the val split (modded-nanogpt's count)
 hellaswag_interval = 0  # score HellaSwag every this many iters (a multiple of eval_interval; 0 = never)
-eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print the losses, write nothing
+eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print losses, write nothing
 always_save_checkpoint = True  # checkpoint at every evaluation; False: only when val loss improves
 save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (a multiple of eval_interval; 0 = never)
 init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
@@ -51,8 +51,8 @@ wandb_run_name = "run"  # its run name
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
 batch_size = 12  # sequences per process and micro-step
-# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls (gamma_init,
-# learn_gamma, ... in operators.py) is a setting too, with the default it has there
+# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls
+# (gamma_init, learn_gamma, ... in operators.py) is a setting too, with the default it has there
 # AdamW, warmup + cosine decay
 learning_rate = 6e-4  # peak learning rate, reached after warmup
 max_iters = 5000  # optimizer steps in all
@@ -67,7 +67,7 @@ min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
 device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
-dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a gradient scaler) on GPUs; float32 on CPU
+dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a grad scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 TRAIN_DEFAULTS = {k: v for k, v in globals().items()
@@ -83,18 +83,19 @@ def init_from_rule(key, value):
     return value
 
 
-RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1), max_iters=at_least(1),
-             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0),
-             gradient_accumulation_steps=at_least(1), batch_size=at_least(1), block_size=at_least(1),
-             learning_rate=at_least(0.0), min_lr=at_least(0.0), weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0),
-             beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0), warmup_iters=at_least(0), op_lr_scale=at_least(0.0),
-             lr_decay_iters=optional(int, at_least(1)), compile=optional(bool), seed=SEED, out_dir=nonempty,
-             dataset=nonempty, device=device_rule, init_from=init_from_rule, op=lambda key, value: one_of(*OPS)(key, value),
+RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
+             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
+             init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
+             batch_size=at_least(1), block_size=at_least(1), op=lambda key, value: one_of(*OPS)(key, value),
+             learning_rate=at_least(0.0), max_iters=at_least(1), weight_decay=at_least(0.0),
+             beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0),
+             warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)), min_lr=at_least(0.0),
+             op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool), seed=SEED,
              dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
 
 def defaults():
-    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops can be added later)."""
+    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops may come later)."""
     model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
     return {**TRAIN_DEFAULTS, **model, **all_controls()}
 
@@ -119,7 +120,7 @@ def get_lr(it, cfg):
 
 
 def corridor_summary(gamma, delta):
-    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0), per-layer mean γ and δ."""
+    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0); per-layer mean γ, δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
     means = enumerate(zip(gamma.mean(1), delta.mean(1)))
     layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in means)
@@ -132,16 +133,16 @@ def build_model(cfg, given, meta, ckpt):
     controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
     if ckpt is None and cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
-            raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} uses the "
-                              f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+            raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
+                              f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout,
                                     impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
     elif ckpt is not None:
         model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE})
-    else:
-        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's, padded to a multiple of 64
+    else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         try:
             settings = {k: getattr(cfg, k) for k in MODEL_KEYS}
             model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **settings))
@@ -153,8 +154,8 @@ def build_model(cfg, given, meta, ckpt):
         if k not in built:
             raise ConfigError(f"{k} is not a control of the {source}'s op={model.config.op!r}; drop it")
         if getattr(cfg, k) != built[k]:
-            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model is fixed, "
-                              "drop that setting")
+            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model "
+                              "is fixed, drop that setting")
     for k, v in built.items():
         setattr(cfg, k, v)
     return model
@@ -163,8 +164,8 @@ def build_model(cfg, given, meta, ckpt):
 def check_schedule(cfg, world_size):
     """Settings that only make sense together: checked before any device or file is touched."""
     if cfg.gradient_accumulation_steps % world_size:
-        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple of "
-                          f"the number of processes ({world_size})")
+        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
+                          f"of the number of processes ({world_size})")
     for k in ("hellaswag_interval", "save_every"):
         if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
             raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
@@ -218,7 +219,7 @@ def estimate_loss(run, model, val_set, eval_loader):
 
 
 def evaluate(run, model, val_set, eval_loader, val_bytes, rendered):
-    """Losses, bits per byte, HellaSwag when due and every head's (γ, δ), printed and logged: the val loss."""
+    """Losses, bits per byte, HellaSwag when due, every head's (γ, δ), printed and logged: the val loss."""
     cfg = run.cfg
     losses = estimate_loss(run, model, val_set, eval_loader)
     record = {"event": "eval", "iter": run.iter_num, "tokens": run.tokens, "train_loss": losses["train"],
