@@ -202,10 +202,22 @@ class GPT(nn.Module):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
-            return self.lm_head(x[:, [-1], :]), None
+            return self.last_logits(x[:, [-1], :]), None
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
+
+    def last_logits(self, x):
+        """lm_head(x), x (B, 1, C): a matrix-vector product that reads each of W's V·C weights once, so memory
+        speed bounds it. On a CPU without autograd it reads a (C, V) copy of W (V·C more floats), which MKL
+        streams at memory speed; on AMD CPUs, MKL's F.linear on nn.Linear's (V, C) layout ran ~2.4× slower."""
+        w = self.lm_head.weight
+        if torch.is_grad_enabled() or w.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.lm_head(x)  # training, autograd, GPUs, traced graphs: nn.Linear as always
+        key = (id(w), w.data_ptr(), w._version)  # a new, moved or in-place edited W needs a new copy
+        if getattr(self, "_lm_head_key", None) != key:
+            self._lm_head_t, self._lm_head_key = w.t().contiguous(), key  # (C, V); no buffer: not saved
+        return x @ self._lm_head_t  # (B, 1, V)
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size by cutting the position table."""
@@ -260,6 +272,7 @@ class GPT(nn.Module):
         temperature (0: the most likely) and cut to the top_k most likely. A KV cache keeps every layer's keys
         and values: a new token computes only its own q, k, v and head outputs, as decoders really do."""
         block_size, cache = self.config.block_size, None
+        self._lm_head_key = None  # a new copy for last_logits: fused optimizer steps bump no _version
         for _ in range(max_new_tokens):
             # wpe is absolute: a full cache restarts from the last block_size tokens, exactly as nanoGPT crops
             if cache is None or cache[0]["k"].size(2) == block_size:
