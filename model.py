@@ -170,6 +170,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.sampling_head = None  # while generating on a CPU: lm_head's weight as (C, V), see generate
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by 1/√(2·n_layer)
             if name.endswith("c_proj.weight"):
@@ -202,22 +203,12 @@ class GPT(nn.Module):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
-            return self.last_logits(x[:, [-1], :]), None
+            if self.sampling_head is not None:  # generate's (C, V) copy of lm_head.weight
+                return x[:, [-1], :] @ self.sampling_head, None
+            return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
-
-    def last_logits(self, x):
-        """lm_head(x), x (B, 1, C): a matrix-vector product that reads each of W's V·C weights once, so memory
-        speed bounds it. On a CPU without autograd it reads a (C, V) copy of W (V·C more floats), which MKL
-        streams at memory speed; on AMD CPUs, MKL's F.linear on nn.Linear's (V, C) layout ran ~2.4× slower."""
-        w = self.lm_head.weight
-        if torch.is_grad_enabled() or w.device.type != "cpu" or torch.compiler.is_compiling():
-            return self.lm_head(x)  # training, autograd, GPUs, traced graphs: nn.Linear as always
-        key = (id(w), w.data_ptr(), w._version)  # a new, moved or in-place edited W needs a new copy
-        if getattr(self, "_lm_head_key", None) != key:
-            self._lm_head_t, self._lm_head_key = w.t().contiguous(), key  # (C, V); no buffer: not saved
-        return x @ self._lm_head_t  # (B, 1, V)
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size by cutting the position table."""
@@ -267,29 +258,37 @@ class GPT(nn.Module):
         return flops_per_token * T * fwdbwd_per_iter / dt / peak
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
         """Continue idx (B, T) by max_new_tokens tokens drawn from the model's distribution, sharpened by
         temperature (0: the most likely) and cut to the top_k most likely. A KV cache keeps every layer's keys
-        and values: a new token computes only its own q, k, v and head outputs, as decoders really do."""
+        and values: a new token computes only its own q, k, v and head outputs, as decoders really do.
+        use_cache=False: a full forward over the whole (cropped) context per token, as nanoGPT's generate."""
         block_size, cache = self.config.block_size, None
-        self._lm_head_key = None  # a new copy for last_logits: fused optimizer steps bump no _version
-        for _ in range(max_new_tokens):
-            # wpe is absolute: a full cache restarts from the last block_size tokens, exactly as nanoGPT crops
-            if cache is None or cache[0]["k"].size(2) == block_size:
-                cache = [{} for _ in self.transformer.h]  # (once full: a full forward for every token)
-                logits, _ = self(idx[:, -block_size:], cache=cache)
-            else:  # the cache holds every position but the newest token's
-                logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :]  # (B, vocab_size)
-            if temperature == 0:
-                idx_next = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("inf")
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
+        # every token reads all V·C weights of lm_head once; on a CPU, MKL streams a (C, V) copy of them up
+        # to ~2.4x faster than nn.Linear's (V, C) layout (docs/benchmarks.md). It lives while we generate,
+        # when the weights cannot change, and is never saved
+        if self.lm_head.weight.device.type == "cpu":
+            self.sampling_head = self.lm_head.weight.t().contiguous()  # (C, V)
+        try:
+            for _ in range(max_new_tokens):
+                # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT crops
+                if cache is None or cache[0]["k"].size(2) == block_size:
+                    cache = [{} for _ in self.transformer.h] if use_cache else None
+                    logits, _ = self(idx[:, -block_size:], cache=cache)  # (once full: for every token)
+                else:  # the cache holds every position but the newest token's
+                    logits, _ = self(idx[:, -1:], cache=cache)
+                logits = logits[:, -1, :]  # (B, vocab_size)
+                if temperature == 0:
+                    idx_next = logits.argmax(-1, keepdim=True)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                        logits[logits < v[:, [-1]]] = -float("inf")
+                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+                idx = torch.cat((idx, idx_next), dim=1)
+        finally:
+            self.sampling_head = None
         return idx
 
     @classmethod

@@ -1,6 +1,6 @@
 """
-The KV-cache GPT.generate, the (C, V) copy of the output layer it samples from on CPUs, bench.py --what=sample
-and sample.py --init_from=gpt2.
+The KV-cache GPT.generate, the (C, V) copy of the output layer it samples from on CPUs,
+bench.py --what=sample and sample.py --init_from=gpt2.
 
 The reference is nanoGPT's generate, written here again: a full forward over the whole (cropped) context for
 every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op and
@@ -133,80 +133,48 @@ def test_a_prompt_longer_than_block_size_is_cropped_as_nanogpt_does():
     assert torch.equal(model.generate(idx, 4, temperature=0), full_forward_per_token(model, idx, 4)[0])
 
 
-# --- the last position's logits on a CPU: x @ W.t() from a (C, V) copy of lm_head's weight ----------------------
+# --- the output layer generate samples from on a CPU: a (C, V) copy of lm_head's weight, for one call only ------
 
 
-def wide_head_model(dtype=torch.float32):
-    """V = 1000 ≫ C = 32, as GPT-2's vocabulary is to its width; the (C, V) copy is built at first use."""
+def wide_head_model():
+    """V = 1000 ≫ C = 32, as GPT-2's vocabulary is to its width."""
     torch.manual_seed(0)
     config = GPTConfig(block_size=BLOCK, vocab_size=1000, n_layer=1, n_head=2, n_embd=32, impl="sdpa")
-    return GPT(config).to(dtype).eval()
+    return GPT(config).eval()
 
 
-def assert_fast_logits_are_lm_heads(model, x):
+def test_generate_samples_from_a_copy_of_the_head_that_ends_with_the_call(monkeypatch):
+    model, keys = wide_head_model(), list(wide_head_model().state_dict())
+    heads = []
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        heads.append(model.sampling_head)
+        if len(heads) == 4:
+            raise KeyboardInterrupt  # the user stops sampling
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(model, "forward", recording)
+    with pytest.raises(KeyboardInterrupt):
+        model.generate(prompts(), 5)
+    assert all(torch.equal(h, model.lm_head.weight.t()) and h.is_contiguous() for h in heads)
+    assert model.sampling_head is None and list(model.state_dict()) == keys  # gone, and never saved
+    monkeypatch.undo()
+    model.generate(prompts(), 2)
+    assert model.sampling_head is None
+
+
+def test_after_a_fused_adamw_step_every_path_sees_the_new_head():
+    """Fused AdamW changes the weights without bumping their version counter: nothing may keep an old copy."""
+    model, idx = wide_head_model(), prompts(B=2)
+    model.generate(idx, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    want, want_seen = full_forward_per_token(model, idx, 3)  # autograd on: nn.Linear, never the copy
     with torch.no_grad():
-        got, want = model.last_logits(x), torch.nn.functional.linear(x, model.lm_head.weight)
-    assert model._lm_head_t.shape == (32, 1000) and model._lm_head_t.is_contiguous()  # the copy was used
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
-    return got, want
-
-
-def test_last_logits_without_autograd_equal_lm_heads():
-    """float32 within rounding; float64 with the same argmax everywhere; and forward takes this path."""
-    model = wide_head_model()
-    assert_fast_logits_are_lm_heads(model, torch.randn(4, 1, 32))
-    model = wide_head_model(torch.float64)
-    got, want = assert_fast_logits_are_lm_heads(model, torch.randn(64, 1, 32, dtype=torch.float64))
-    assert (got - want).abs().max() < 1e-12 and torch.equal(got.argmax(-1), want.argmax(-1))
-    model = wide_head_model()
-    with torch.no_grad():
-        model(prompts())
-    assert model._lm_head_t.shape == (32, 1000)
-
-
-def test_the_copy_follows_every_change_of_lm_heads_weight(monkeypatch):
-    """An in-place edit, load_state_dict, a move to float64 and back, an optimizer step: the next call sees
-    it. The project's fused AdamW steps W without bumping its _version, so generate rebuilds the copy."""
-    model, x = wide_head_model(), torch.randn(2, 1, 32)
-    before, _ = assert_fast_logits_are_lm_heads(model, x)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(-2)
-    assert not torch.allclose(assert_fast_logits_are_lm_heads(model, x)[0], before)
-    torch.manual_seed(1)
-    model.load_state_dict(GPT(model.config).state_dict())
-    assert_fast_logits_are_lm_heads(model, x)
-    assert_fast_logits_are_lm_heads(model.double(), x.double())
-    assert_fast_logits_are_lm_heads(model.float(), x)
-    for fused in (False, True):  # foreach AdamW bumps _version, fused AdamW does not
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
-        model(prompts(), prompts())[1].backward()
-        optimizer.step()
-        idx = prompts(B=2)
-        _, _, seen = generate_recorded(model, monkeypatch, idx, 3, temperature=0)
-        _, want_seen = full_forward_per_token(model, idx, 3)  # with autograd on: nn.Linear
-        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(seen, want_seen)), fused
-    assert_fast_logits_are_lm_heads(model, x)
-
-
-def test_with_autograd_on_the_last_logits_are_lm_heads_and_train_it():
-    model, idx = wide_head_model(torch.float64), prompts()
-    model(idx)[0].sum().backward()
-    grad, model.lm_head.weight.grad = model.lm_head.weight.grad, None
-    model(idx, idx)[0][:, [-1]].sum().backward()  # every position's logits, through nn.Linear
-    assert grad.abs().max() > 0 and torch.allclose(grad, model.lm_head.weight.grad, atol=1e-12)
-    assert not hasattr(model, "_lm_head_t")  # no copy was made
-
-
-def test_the_copy_is_not_in_the_checkpoint_and_torch_compile_traces_around_it():
-    model = wide_head_model()
-    keys = list(model.state_dict())
-    with torch.no_grad():
-        want = model(prompts())[0]
-    assert hasattr(model, "_lm_head_t") and list(model.state_dict()) == keys
-    GPT(model.config).load_state_dict(model.state_dict())  # strict: nothing missing, nothing unexpected
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # no graph break on data_ptr
-    with torch.no_grad():
-        assert torch.allclose(compiled(prompts())[0], want, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(model(idx)[0][:, -1], want_seen[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.generate(idx, 3, temperature=0), want)
+    assert torch.equal(model.generate(idx, 3, temperature=0, use_cache=False), want)
 
 
 # --- bench.py --what=sample --------------------------------------------------------------------------------------
