@@ -63,7 +63,6 @@ class GPTConfig:
     def __post_init__(self):
         def bad(key, allowed):
             raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
-
         if self.op not in OPS:
             bad("op", f"choose one of {', '.join(OPS)}")
         for key, choices in (("impl", IMPLS), ("gelu", ("none", "tanh"))):
@@ -171,6 +170,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.sampling_head = None  # while generating on a CPU: lm_head's weight as (C, V), see generate
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by 1/√(2·n_layer)
             if name.endswith("c_proj.weight"):
@@ -193,9 +193,7 @@ class GPT(nn.Module):
         """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict per layer,
         all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
-        t0 = 0  # the position of idx's first token: after those already cached
-        if cache and cache[0]:
-            t0 = cache[0]["k"].size(2)
+        t0 = cache[0]["k"].size(2) if cache and cache[0] else 0  # idx's first position: after the cached ones
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
@@ -205,6 +203,8 @@ class GPT(nn.Module):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
+            if self.sampling_head is not None:  # generate's (C, V) copy of lm_head.weight
+                return x[:, [-1], :] @ self.sampling_head, None
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
@@ -232,9 +232,8 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, op_lr_scale=1.0):
         """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on norms, biases or the
-        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale",
-        which the training loop applies): Adam moves each by about its lr per step, too little to see when
-        fine-tuning."""
+        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale", which
+        the training loop applies): Adam moves each by ~its lr per step, too little to see in fine-tuning."""
         op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
@@ -259,40 +258,44 @@ class GPT(nn.Module):
         return flops_per_token * T * fwdbwd_per_iter / dt / peak
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Continue idx (B, T) by max_new_tokens tokens, each sampled from the model's distribution
-        sharpened by temperature (0: always the most likely token) and cut to the top_k most likely.
-        A KV cache makes each token cheap: the prompt's forward keeps every layer's keys and values, and each
-        new token computes only its own q, k, v and head outputs against them, as decoders really generate."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Continue idx (B, T) by max_new_tokens tokens drawn from the model's distribution, sharpened by
+        temperature (0: the most likely) and cut to the top_k most likely. A KV cache keeps every layer's keys
+        and values: a new token computes only its own q, k, v and head outputs, as decoders really do.
+        use_cache=False: a full forward over the whole (cropped) context per token, as nanoGPT's generate."""
         block_size, cache = self.config.block_size, None
-        for _ in range(max_new_tokens):
-            # wpe's positions are absolute, so a full cache (block_size positions) has no place for the next
-            # token: rebuilding it from the last block_size tokens gives exactly nanoGPT's cropping (and from
-            # then on every token costs a full forward again)
-            if cache is None or cache[0]["k"].size(2) == block_size:
-                cache = [{} for _ in self.transformer.h]
-                logits, _ = self(idx[:, -block_size:], cache=cache)
-            else:  # the cache holds every position but the newest token's
-                logits, _ = self(idx[:, -1:], cache=cache)
-            logits = logits[:, -1, :]  # (B, vocab_size)
-            if temperature == 0:
-                idx_next = logits.argmax(-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits[logits < v[:, [-1]]] = -float("inf")
-                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat((idx, idx_next), dim=1)
+        # every token reads all V·C weights of lm_head once; on a CPU, MKL streams a (C, V) copy of them up
+        # to ~2.4x faster than nn.Linear's (V, C) layout (docs/benchmarks.md). It lives while we generate,
+        # when the weights cannot change, and is never saved
+        if self.lm_head.weight.device.type == "cpu":
+            self.sampling_head = self.lm_head.weight.t().contiguous()  # (C, V)
+        try:
+            for _ in range(max_new_tokens):
+                # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT crops
+                if cache is None or cache[0]["k"].size(2) == block_size:
+                    cache = [{} for _ in self.transformer.h] if use_cache else None
+                    logits, _ = self(idx[:, -block_size:], cache=cache)  # (once full: for every token)
+                else:  # the cache holds every position but the newest token's
+                    logits, _ = self(idx[:, -1:], cache=cache)
+                logits = logits[:, -1, :]  # (B, vocab_size)
+                if temperature == 0:
+                    idx_next = logits.argmax(-1, keepdim=True)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                        logits[logits < v[:, [-1]]] = -float("inf")
+                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+                idx = torch.cat((idx, idx_next), dim=1)
+        finally:
+            self.sampling_head = None
         return idx
 
     @classmethod
     def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="auto"):
-        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op.
-
-        With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so
-        fine-tuning starts from attention and the heads are free to move into the corridor.
-        """
+        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op. With
+        op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning
+        starts from attention and the heads are free to move into the corridor."""
         if name_or_path not in PRETRAINED and not os.path.isdir(name_or_path):
             raise ValueError(f"unknown pretrained model {name_or_path!r}: use one of {', '.join(PRETRAINED)} "
                              "or a local directory saved with transformers' save_pretrained")
@@ -300,11 +303,10 @@ class GPT(nn.Module):
         try:
             hf = GPT2LMHeadModel.from_pretrained(name_or_path)
         except OSError as e:
+            kind = e.__class__.__name__
             if os.path.isdir(name_or_path):
                 raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' "
-                                 f"save_pretrained ({e.__class__.__name__}: it lacks a GPT-2 config.json "
-                                 "or weights)") from None
-            kind = e.__class__.__name__
+                                 f"save_pretrained ({kind}: no GPT-2 config.json or weights)") from None
             raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub ({kind}); "
                              "offline, pass a local directory saved with save_pretrained instead") from None
         c = hf.config
@@ -315,8 +317,7 @@ class GPT(nn.Module):
         sd, sd_hf = model.state_dict(), hf.state_dict()
         # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        # the operators' scalars are ours
-        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]
+        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]  # the operators' scalars: ours
         if missing:
             raise ValueError(f"{name_or_path!r} is not a GPT-2 checkpoint: it lacks {missing[0]}")
         for key, w in sd_hf.items():
@@ -326,8 +327,7 @@ class GPT(nn.Module):
             if w.shape != sd[key].shape:
                 raise ValueError(f"pretrained tensor {key} has shape {tuple(w.shape)}, "
                                  f"expected {tuple(sd[key].shape)}")
-            with torch.no_grad():
-                sd[key].copy_(w)
+            sd[key].copy_(w)  # in place: state_dict's tensors share the parameters' storage (detached)
         return model
 
 
