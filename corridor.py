@@ -239,38 +239,29 @@ def differing_keys(configs):
 
 def compare(runs):
     """Table rows sorted by final val loss, and seed groups with their paired statistics against attention.
-
     A group is the runs whose configs differ only in the seed (and NOT_EXPERIMENT keys). Its baseline is the
     attention runs of the same config apart from op and controls; each of its runs is paired with the one of
-    the same seed (same initial weights and data order) when both ended at the same iteration.
-    """
+    the same seed (same initial weights and data order) when both ended at the same iteration."""
     sums = [summarize(r) for r in runs]
-    attention = {}  # baseline key -> {seed: summary of that attention run}
-    groups = {}  # experiment -> summaries of its runs
-    seen = {}
-
-    def once(key, s):  # one config and seed twice is one experiment that would count twice
-        if key in seen:
-            raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
-                             "(one run twice, or a rerun); pass only one of them")
-        seen[key] = s
-
+    groups, attention, seen = {}, {}, {}  # experiment -> its runs; baseline -> {seed: attention run}
     for run, s in zip(runs, sums):
         s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
         exp = json.dumps(experiment(run["config"]), sort_keys=True)
-        once(("run", exp, s["seed"]), s)
         groups.setdefault(exp, []).append(s)
+        keys = [("run", exp, s["seed"])]  # one config and seed twice: one experiment that would count twice
         if s["op"] == BASELINE_OP:
-            once(("attention", s["baseline"], s["seed"]), s)
+            keys.append(("attention", s["baseline"], s["seed"]))  # two baselines for one seed, likewise
             attention.setdefault(s["baseline"], {})[s["seed"]] = s
-
-    def attention_mean(s):
-        base = attention.get(s["baseline"])
-        return float(np.mean([a["final_val"] for a in base.values()])) if base else None
-
+        for key in keys:
+            if key in seen:
+                raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
+                                 "(one run twice, or a rerun); pass only one of them")
+            seen[key] = s
+    attention_mean = {key: float(np.mean([a["final_val"] for a in by_seed.values()]))
+                      for key, by_seed in attention.items()}
     rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # diverged (NaN) last
     for s in rows:
-        base = attention_mean(s)
+        base = attention_mean.get(s["baseline"])
         s["vs_attention"] = None if base is None else s["final_val"] - base
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
     varying = differing_keys(groups)
@@ -286,7 +277,7 @@ def compare(runs):
         paired = [m["final_val"] - a["final_val"] for m, a in pairs]
         label = [cfg["op"]] + [f"{k}={cfg[k]}" for k in varying
                                if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])]
-        attn_val = attention_mean(first)
+        attn_val = attention_mean.get(first["baseline"])
         layer_gamma = np.array([m["layer_gamma"] for m in members])  # (seed, layer)
         out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
                     "baseline_key": first["baseline"], "learns_gamma": first["learns_gamma"],
@@ -516,7 +507,8 @@ def group_cells(g):
 
 
 def report(runs, each=True):
-    """Print the per-run summaries and the table of runs (each=True), and for several runs the comparison."""
+    """Print the per-run summaries and the table of runs (each=True); given seeds of one setting, the seed
+    groups with their legend, then where the learned groups' γ ended, layer by layer."""
     for run in runs if each else []:
         s = summarize(run)
         tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
@@ -540,21 +532,15 @@ def report(runs, each=True):
         return
     c = compare(runs)
     if each:
-        print_runs(c["rows"])
-    if any(g["n"] > 1 for g in c["groups"]):
-        print_groups(c["groups"])
-
-
-def print_runs(rows):
-    print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
-          " attention runs of the same config)")
-    cells = [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
-              "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in rows]
-    print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
-
-
-def print_groups(groups):
-    """The seed-group table with its legend, then where the learned groups' γ ended, layer by layer."""
+        print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
+              " attention runs of the same config)")
+        cells = [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}",
+                  fmt(s["vs_attention"]), "fixed" if s["fixed"] or not s["learns_gamma"] else
+                  fmt(s["frac_deep"], ".0%")] for s in c["rows"]]
+        print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
+    groups = c["groups"]
+    if not any(g["n"] > 1 for g in groups):
+        return
     print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
           " (val losses in nats per token)")
     print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
