@@ -32,8 +32,7 @@ from rundir import atomic_write
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
-# the controls train.py accepts, with their defaults; a run's label lists only the ones it changed
-CONTROLS = all_controls()
+CONTROLS = all_controls()  # train.py's op controls and their defaults (a label lists the changed ones)
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
@@ -172,12 +171,11 @@ def summarize(run):
 
 
 # -----------------------------------------------------------------------------
-# Paired statistics
+# Comparing runs: seed groups, their attention baselines and the paired statistics
 # Runs of one seed share their initial weights and data order, so each run is compared with the attention
 # run of the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be
-# 0: with n differences, mean m and sample std s, t = m / (s/√n) then follows Student's t with n − 1
-# degrees of freedom. It is the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test
-# on a − b).
+# 0: with n differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of
+# freedom. It is the one-sample t-test of the differences (scipy's ttest_rel(a, b) is it on a − b).
 
 
 def paired_stats(diffs, level=0.95):
@@ -201,10 +199,6 @@ def paired_stats(diffs, level=0.95):
     out["ci"] = tuple(float(x) for x in test.confidence_interval(confidence_level=level))  # (low, high)
     out["t"], out["p_t"] = float(test.statistic), float(test.pvalue)
     return out
-
-
-# -----------------------------------------------------------------------------
-# Comparing runs: seed groups and their attention baselines
 
 
 def seeds(n):
@@ -238,10 +232,9 @@ def differing_keys(configs):
 
 
 def compare(runs):
-    """Table rows sorted by final val loss, and seed groups with their paired statistics against attention.
-    A group is the runs whose configs differ only in the seed (and NOT_EXPERIMENT keys). Its baseline is the
-    attention runs of the same config apart from op and controls; each of its runs is paired with the one of
-    the same seed (same initial weights and data order) when both ended at the same iteration."""
+    """Table rows sorted by final val loss, and seed groups (runs whose configs differ only in seed) with
+    their paired statistics: each run minus the attention run of the same config apart from op and controls,
+    and the same seed (same initial weights and data order), where both ended at the same iteration."""
     sums = [summarize(r) for r in runs]
     groups, attention, seen = {}, {}, {}  # experiment -> its runs; baseline -> {seed: attention run}
     for run, s in zip(runs, sums):
@@ -324,12 +317,10 @@ def val_loss_lines(runs, groups, max_lines=10):
 
 
 def curve_data(groups):
-    """What corridor_curve.png shows, from compare()'s groups.
-
-    curves: one per attention baseline (usually one): the fixed-γ settings (δ = 1) at x = their γ, y = the
-    mean paired difference to attention with its 95% CI (NaN where undefined), and attention at (0, 0).
-    learned: for each setting of LEARNED_OP with default controls, its mean final γ per layer (± seed std).
-    """
+    """What corridor_curve.png shows, from compare()'s groups. curves: one per attention baseline (usually
+    one), the fixed-γ settings (δ = 1) at x = their γ, y = the mean paired difference to attention with its
+    95% CI (NaN where undefined), and attention at (0, 0). learned: for each setting of LEARNED_OP with
+    default controls, its mean final γ per layer (± seed std)."""
     by_baseline = {}
     for g in groups:  # the fixed-γ settings with attention runs to pair them with
         if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()):
@@ -358,14 +349,13 @@ def curve_data(groups):
 def plot_corridor_curve(curve, plt):
     """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
     and below it, on the same γ axis, where the learned runs' layers end up."""
-    learned = curve["learned"]
+    learned, low = curve["learned"], None
     if learned:
         n_layer = max(len(g["layer_gamma"]) for g in learned)
         fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
                                       gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
     else:
         fig, ax = plt.subplots(figsize=(12, 7))
-        low = None
     for a in (ax, low) if low else (ax,):
         a.axvspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)" if a is ax else None)
         a.grid(alpha=0.3)
@@ -411,14 +401,12 @@ def plot(runs, out_dir):
     import matplotlib.pyplot as plt
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-
     def save(fig, fname):
         path = os.path.join(out_dir, fname)
         fig.tight_layout()
         atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
         paths.append(path)
-
     with plt.rc_context({"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}):
         run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures: of one learned run
         if run is not None:
@@ -562,33 +550,30 @@ def report(runs, each=True):
 # -----------------------------------------------------------------------------
 # The runs as a table anyone can recompute the statistics from
 
-
 # the config keys a row keeps: those that tell the project's runs apart (with seed and final iteration)
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
 
 
-def csv_row(run):
-    """A run as CSV cells: config values as JSON (true, null, 0.5), the final eval's losses at full precision,
-    its per-head γ as heads separated by spaces and layers by ';' (6 significant digits keep the sign), and
-    the git commit in the log's first "start" record ('unknown' for older logs or no git)."""
-    cfg, last = run["config"], run["evals"][-1]
-    start = next((r for r in run["records"] if r.get("event") == "start"), {})
-    row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
-    bpb = last.get("val_bpb")
-    row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"], iters=last["iter"],
-               val_loss=repr(float(last["val_loss"])),
-               val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
-               final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
-               commit=str(start["commit"]) if start.get("commit") else "unknown")
-    return row
-
-
 def write_csv(runs, path):
-    """One row per run (csv_row), sorted by setting, seed and length."""
-    rows = sorted((csv_row(r) for r in runs),  # type first: a missing seed ("") sorts apart
-                  key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))
+    """One row per run, sorted by setting, seed (a missing one, "", apart) and length: config values as JSON
+    (true, null, 0.5), the final eval's losses at full precision, its per-head γ as heads separated by spaces
+    and layers by ';' (6 significant digits keep the sign), and the commit of the log's first "start" record
+    ('unknown' for older logs or no git)."""
+    rows = []
+    for run in runs:
+        cfg, last = run["config"], run["evals"][-1]
+        start = next((r for r in run["records"] if r.get("event") == "start"), {})
+        bpb = last.get("val_bpb")
+        row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
+        row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"],
+                   iters=last["iter"], val_loss=repr(float(last["val_loss"])),
+                   val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
+                   final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
+                   commit=str(start["commit"]) if start.get("commit") else "unknown")
+        rows.append(row)
+    rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))  # type, then seed
     text = io.StringIO()
     writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -648,9 +633,8 @@ def main(argv):
     try:
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
-        for run in runs:
-            for w in run["warnings"]:
-                print(f"warning: {w}", file=sys.stderr)
+        for w in [w for run in runs for w in run["warnings"]]:
+            print(f"warning: {w}", file=sys.stderr)
         report(runs, each=not tables)
         written = [write_csv(runs, opts.csv)] if opts.csv else []
         try:  # the figures need the logs: a table has only each run's end
