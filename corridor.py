@@ -175,7 +175,7 @@ def summarize(run):
 # Runs of one seed share their initial weights and data order, so each run is compared with the attention
 # run of the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be
 # 0: with n differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of
-# freedom. It is the one-sample t-test of the differences (scipy's ttest_rel(a, b) is it on a − b).
+# freedom: the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
 
 
 def paired_stats(diffs, level=0.95):
