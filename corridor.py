@@ -32,14 +32,13 @@ from rundir import atomic_write
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
-# the controls train.py accepts, with their defaults; a run's label lists only the ones it changed
-CONTROLS = all_controls()
+CONTROLS = all_controls()  # train.py's op controls and their defaults (a label lists the changed ones)
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
 # what belongs to the op: attention has no scalars, so its runs are the baseline whatever these say
 OP_SETTINGS = ("op", "op_lr_scale", *CONTROLS)
-# the corridor curve: runs whose config has these values have γ fixed to their gamma_init and δ fixed to 1 ...
+# the corridor curve: runs with these settings have γ fixed at their gamma_init and δ at 1 ...
 FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
 FIXED_GAMMA_X = "gamma_init"
 LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
@@ -49,16 +48,21 @@ LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control 
 # One run
 
 
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # JSON's true is not a number
+
+
 def load_run(path):
-    """Read config.json and log.jsonl of one run directory; raise ValueError with one clear line if it is not usable."""
+    """Read config.json and log.jsonl of one run directory. A user may hand us an edited, truncated or foreign
+    one: then raise ValueError with one line that says what is wrong, and where."""
     if not os.path.exists(path):
         raise ValueError(f"{path}: does not exist")
     if not os.path.isdir(path):
         raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
-    missing = [f for f in ("config.json", "log.jsonl") if not os.path.lexists(os.path.join(path, f))]
-    if missing:
-        raise ValueError(f"{path}: not a run directory, missing {' and '.join(missing)} (train.py writes them)")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
+    missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
+    if missing:
+        raise ValueError(f"{path}: not a run directory, missing {missing} (train.py writes them)")
     try:  # train.py writes a few kB of flat settings
         config = json.loads(read_regular(cfg_path, 1 << 20).decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -72,41 +76,40 @@ def load_run(path):
     if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
         what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
         raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
-    for key, default in CONTROLS.items():  # switches are bools; the rest numbers (or None where that is the default)
+    for key, default in CONTROLS.items():  # switches are bools; the rest numbers (or None, if the default is)
         value = config.get(key, default)
-        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = isinstance(value, bool) if isinstance(default, bool) else is_number or (value is None and default is None)
-        if not ok:
-            raise ValueError(f"{cfg_path}: '{key}' must be a {'bool' if isinstance(default, bool) else 'number'}, "
-                             f"not {value!r}")
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{cfg_path}: '{key}' must be a bool, not {value!r}")
+        if not isinstance(default, bool) and not is_number(value) and not (value is None and default is None):
+            raise ValueError(f"{cfg_path}: '{key}' must be a number, not {value!r}")
     with open_regular(log_path) as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
     records, warnings = [], []
-    for k, (lineno, line) in enumerate(lines):
+    for lineno, line in lines:
+        where = f"{log_path}:{lineno}"
         try:
             rec = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            if k == len(lines) - 1:  # a run killed mid-write leaves half a line: keep everything before it
-                warnings.append(f"{log_path}:{lineno}: last line is cut off, skipped it")
+            if lineno == lines[-1][0]:  # a run killed mid-write leaves half a line: keep everything before it
+                warnings.append(f"{where}: last line is cut off, skipped it")
                 continue
-            names = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "JSON nested too deep"}
-            what = names.get(type(e), "invalid JSON")
-            raise ValueError(f"{log_path}:{lineno}: {what} in the middle of the log") from None
+            what = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "JSON nested too deep"}.get(type(e))
+            raise ValueError(f"{where}: {what or 'invalid JSON'} in the middle of the log") from None
         if not isinstance(rec, dict):
-            raise ValueError(f"{log_path}:{lineno}: expected a JSON object")
-        if rec.get("event") == "eval":
+            raise ValueError(f"{where}: expected a JSON object")
+        if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
-                    raise ValueError(f"{log_path}:{lineno}: eval record has no '{key}'")
+                    raise ValueError(f"{where}: eval record has no '{key}'")
             for key in ("iter", "val_loss"):
-                if not isinstance(rec[key], (int, float)) or isinstance(rec[key], bool):
-                    raise ValueError(f"{log_path}:{lineno}: eval record's '{key}' must be a number, not {rec[key]!r}")
+                if not is_number(rec[key]):
+                    raise ValueError(f"{where}: eval record's '{key}' must be a number, not {rec[key]!r}")
             try:
-                shapes = np.array(rec["gamma"], dtype=float).shape, np.array(rec["delta"], dtype=float).shape
-            except (ValueError, TypeError):  # ragged or non-numeric
-                shapes = None, None
-            if shapes[0] is None or len(shapes[0]) != 2 or shapes[0] != shapes[1] or 0 in shapes[0]:
-                raise ValueError(f"{log_path}:{lineno}: gamma and delta must both be non-empty layer x head lists")
+                gamma, delta = np.array(rec["gamma"], dtype=float), np.array(rec["delta"], dtype=float)
+            except (ValueError, TypeError):  # ragged, or not numbers
+                gamma = delta = np.zeros(0)
+            if gamma.ndim != 2 or gamma.shape != delta.shape or gamma.size == 0:
+                raise ValueError(f"{where}: gamma and delta must both be non-empty layer x head lists")
         records.append(rec)
     evals = [r for r in records if r.get("event") == "eval"]
     if not evals:
@@ -114,11 +117,14 @@ def load_run(path):
     for before, after in zip(evals, evals[1:]):  # train.py logs one history, in order, of one model
         if after["iter"] <= before["iter"] or np.shape(after["gamma"]) != np.shape(before["gamma"]):
             raise ValueError(f"{log_path}: the eval at iter {after['iter']} does not follow the one at iter "
-                             f"{before['iter']} (out of order, or another model's γ); the log was edited or mixed")
-    if not math.isfinite(evals[-1]["val_loss"]):
-        warnings.append(f"{log_path}: the val loss became {evals[-1]['val_loss']} at iter {evals[-1]['iter']}: the run diverged")
-    name = os.path.basename(os.path.normpath(path))
-    return {"name": name, "path": path, "config": config, "records": records, "evals": evals, "warnings": warnings}
+                             f"{before['iter']} (out of order, or another model's γ); the log was edited "
+                             "or mixed")
+    last = evals[-1]
+    if not math.isfinite(last["val_loss"]):
+        warnings.append(f"{log_path}: the val loss became {last['val_loss']} at iter {last['iter']}: "
+                        "the run diverged")
+    return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
+            "records": records, "evals": evals, "warnings": warnings}
 
 
 def controls(config):
@@ -141,12 +147,13 @@ def summarize(run):
     """The numbers of one run at its final eval (corridor counts are None for fixed ops)."""
     last = run["evals"][-1]
     gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
-    inside = (gamma > -1.0) & (gamma < 0.0)  # open interval: −1 (Laplacian) and 0 (attention) are its endpoints
-    best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)  # NaN: diverged
+    inside = (gamma > -1.0) & (gamma < 0.0)  # open: −1 (Laplacian) and 0 (attention) are its endpoints
+    best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
     s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
-         "controls": controls(run["config"]), "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
+         "controls": controls(run["config"]), "learns_gamma": learns_gamma(run),
+         "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
@@ -154,8 +161,8 @@ def summarize(run):
     if op == "attention":
         s["fixed"] = "attention: γ=0, δ=1 fixed"
     elif op == "laplacian":
-        k = int((gamma[0] == -1.0).sum())
-        s["fixed"] = f"laplacian: {k} of {gamma.shape[1]} heads per layer γ=−1, δ=−1, the rest attention; fixed"
+        k, n = int((gamma[0] == -1.0).sum()), gamma.shape[1]
+        s["fixed"] = f"laplacian: {k} of {n} heads per layer γ=−1, δ=−1, the rest attention; fixed"
     else:
         s["n_in"], s["frac_in"] = int(inside.sum()), float(inside.mean())
         if gamma.shape[0] > 1:
@@ -164,11 +171,11 @@ def summarize(run):
 
 
 # -----------------------------------------------------------------------------
-# Paired statistics
-# Runs of one seed share their initial weights and data order, so each run is compared with the attention run of
-# the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be 0: with n
-# differences, mean m and sample std s, t = m / (s/√n) then follows Student's t with n − 1 degrees of freedom.
-# It is the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
+# Comparing runs: seed groups, their attention baselines and the paired statistics
+# Runs of one seed share their initial weights and data order, so each run is compared with the attention
+# run of the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be
+# 0: with n differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of
+# freedom: the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
 
 
 def paired_stats(diffs, level=0.95):
@@ -194,10 +201,6 @@ def paired_stats(diffs, level=0.95):
     return out
 
 
-# -----------------------------------------------------------------------------
-# Comparing runs: seed groups and their attention baselines
-
-
 def seeds(n):
     return f"{n} seed" + ("s" if n != 1 else "")
 
@@ -207,90 +210,86 @@ def sample_std(x):
 
 
 def setting_name(name):
-    """The experiment shell lines name a run directory <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
+    """Run directories are named <config file name>_s<seed>: mix_fixed_gamma_s3 → mix_fixed_gamma."""
     return re.sub(r"_s\d+$", "", name)
 
 
 def experiment(config):
-    """The config keys that define the experiment: runs equal in these are repeats that differ only in seed."""
+    """The config keys that define the experiment: runs equal in these are repeats, differing only in seed."""
     return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
 
 
 def baseline_key(config):
-    """What a run's attention baseline must share with it: the whole experiment except the op and its controls.
+    """What a run's attention baseline must share with it: the experiment except the op and its controls.
     So 3600-iteration runs are compared with 3600-iteration attention runs, never with 1200-iteration ones."""
     return json.dumps({k: v for k, v in experiment(config).items() if k not in OP_SETTINGS}, sort_keys=True)
 
 
-def compare(runs):
-    """Table rows sorted by final val loss, and seed groups with their paired statistics against attention.
+def differing_keys(configs):
+    """The keys whose values differ among these configs (JSON texts), sorted: what tells them apart."""
+    configs = [json.loads(c) for c in configs]
+    return sorted({k for c in configs for k in c if len({json.dumps(d.get(k)) for d in configs}) > 1})
 
-    A group is the runs whose configs differ only in the seed (and NOT_EXPERIMENT keys). Its baseline is the
-    attention runs of the same config apart from op and controls; each of its runs is paired with the one of
-    the same seed (same initial weights and data order) when both ended at the same iteration.
-    """
+
+def compare(runs):
+    """Table rows sorted by final val loss, and seed groups (runs whose configs differ only in seed) with
+    their paired statistics: each run minus the attention run of the same config apart from op and controls,
+    and the same seed (same initial weights and data order), where both ended at the same iteration."""
     sums = [summarize(r) for r in runs]
+    groups, attention, seen = {}, {}, {}  # experiment -> its runs; baseline -> {seed: attention run}
     for run, s in zip(runs, sums):
         s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
-    attention = {}  # baseline key -> {seed: summary of that attention run}
-    groups = {}  # experiment -> summaries of its runs
-    seen = {}
-
-    def once(key, s):  # a second run of one config and seed is the same experiment twice: it would count twice
-        if key in seen:
-            raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} (one run "
-                             "twice, or a rerun); pass only one of them")
-        seen[key] = s
-
-    for run, s in zip(runs, sums):
         exp = json.dumps(experiment(run["config"]), sort_keys=True)
-        once(("run", exp, s["seed"]), s)
         groups.setdefault(exp, []).append(s)
+        keys = [("run", exp, s["seed"])]  # one config and seed twice: one experiment that would count twice
         if s["op"] == BASELINE_OP:
-            once(("attention", s["baseline"], s["seed"]), s)
+            keys.append(("attention", s["baseline"], s["seed"]))  # two baselines for one seed, likewise
             attention.setdefault(s["baseline"], {})[s["seed"]] = s
-
-    def attention_mean(s):
-        base = attention.get(s["baseline"])
-        return float(np.mean([a["final_val"] for a in base.values()])) if base else None
-
-    rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # a diverged run (NaN) last
+        for key in keys:
+            if key in seen:
+                raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
+                                 "(one run twice, or a rerun); pass only one of them")
+            seen[key] = s
+    attention_mean = {key: float(np.mean([a["final_val"] for a in by_seed.values()]))
+                      for key, by_seed in attention.items()}
+    rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # diverged (NaN) last
     for s in rows:
-        base = attention_mean(s)
+        base = attention_mean.get(s["baseline"])
         s["vs_attention"] = None if base is None else s["final_val"] - base
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
-    cfgs = {key: json.loads(key) for key in groups}
-    varying = sorted({k for c in cfgs.values() for k in c if len({json.dumps(d.get(k)) for d in cfgs.values()}) > 1})
+    varying = differing_keys(groups)
     out = []
     for key, members in groups.items():
-        cfg = cfgs[key]
+        cfg, first = json.loads(key), members[0]  # members differ only in seed: they share first's baseline
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
         is_baseline = cfg["op"] == BASELINE_OP
-        base = attention.get(members[0]["baseline"], {})  # members share it: their configs differ only in seed
-        pairs = [] if is_baseline else [(m, base[m["seed"]]) for m in members
-                                        if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]]
+        base = {} if is_baseline else attention.get(first["baseline"], {})  # {seed: attention run}
+        pairs = [(m, base[m["seed"]]) for m in members
+                 if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]]
         paired = [m["final_val"] - a["final_val"] for m, a in pairs]
         label = [cfg["op"]] + [f"{k}={cfg[k]}" for k in varying
                                if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])]
-        attn_val = attention_mean(members[0])
+        attn_val = attention_mean.get(first["baseline"])
+        layer_gamma = np.array([m["layer_gamma"] for m in members])  # (seed, layer)
         out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
-                    "baseline_key": members[0]["baseline"],
-                    "learns_gamma": members[0]["learns_gamma"],
-                    "names": [m["name"] for m in members], "paths": [m["path"] for m in members], "n": len(members),
-                    "val_mean": float(val.mean()), "val_std": sample_std(val),
+                    "baseline_key": first["baseline"], "learns_gamma": first["learns_gamma"],
+                    "names": [m["name"] for m in members], "paths": [m["path"] for m in members],
+                    "n": len(members), "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
                     "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
-                    "layer_gamma": np.mean([m["layer_gamma"] for m in members], axis=0).tolist(),
-                    "layer_gamma_std": [sample_std(g) for g in np.array([m["layer_gamma"] for m in members]).T],
+                    "layer_gamma": layer_gamma.mean(axis=0).tolist(),
+                    "layer_gamma_std": [sample_std(g) for g in layer_gamma.T],
                     "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
-    # the short name to print: the setting's directory name without _s<seed> (its config file's name), where all
-    # its runs share one and no other group has it; otherwise the label made from its config
+    # the short name to print: the setting's directory name without _s<seed> (its config file's name), where
+    # all its runs share one and no other group has it; otherwise the label made from its config
     names = [{setting_name(n) for n in g["names"]} for g in out]
     for g, own in zip(out, names):
-        g["setting"] = next(iter(own)) if len(own) == 1 and sum(own <= other for other in names) == 1 else g["label"]
-    # settings sorted by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
-    block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key], default=math.inf)
+        unique = len(own) == 1 and sum(own <= other for other in names) == 1
+        g["setting"] = next(iter(own)) if unique else g["label"]
+    # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
+    baselines = [g for g in out if g["is_baseline"]]
+    block = {key: min([g["val_mean"] for g in baselines if g["baseline_key"] == key], default=math.inf)
              for key in {g["baseline_key"] for g in out}}
     return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
                                                                 math.isnan(g["val_mean"]), g["val_mean"]))}
@@ -301,47 +300,46 @@ def compare(runs):
 
 
 def val_loss_lines(runs, groups, max_lines=10):
-    """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line per run,
-    or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
+    """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line
+    per run, or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
     step = "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+    curve = {run["path"]: {r[step]: r["val_loss"] for r in run["evals"]} for run in runs}
     if len(runs) <= max_lines:
-        return ([(f"{run['name']} ({describe(run)})", {r[step]: r["val_loss"] for r in run["evals"]}) for run in runs],
-                step, "validation loss")
-    by_path = {run["path"]: run for run in runs}
+        return ([(f"{run['name']} ({describe(run)})", curve[run["path"]]) for run in runs], step,
+                "validation loss")
     lines = []
     for g in groups:
-        curves = [{r[step]: r["val_loss"] for r in by_path[p]["evals"]} for p in g["paths"]]
+        curves = [curve[p] for p in g["paths"]]
         common = sorted(set.intersection(*(set(c) for c in curves)))
-        lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves])) for x in common}))
+        lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves]))
+                                                              for x in common}))
     return lines, step, "validation loss, mean over seeds"
 
 
 def curve_data(groups):
-    """What corridor_curve.png shows, from compare()'s groups.
-
-    curves: one per attention baseline (usually one): the fixed-γ settings (δ = 1) at x = their γ, y = the
-    mean paired difference to attention with its 95% CI (NaN where undefined), plus attention itself at (0, 0).
-    learned: for each setting of LEARNED_OP with default controls, its mean final γ per layer (± seed std).
-    """
-    fixed = [g for g in groups if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v
-                                                      for k, v in FIXED_GAMMA.items())]
+    """What corridor_curve.png shows, from compare()'s groups. curves: one per attention baseline (usually
+    one), the fixed-γ settings (δ = 1) at x = their γ, y = the mean paired difference to attention with its
+    95% CI (NaN where undefined), and attention at (0, 0). learned: for each setting of LEARNED_OP with
+    default controls, its mean final γ per layer (± seed std)."""
     by_baseline = {}
-    for g in fixed:
-        by_baseline.setdefault(baseline_key(g["config"]), []).append(g)
+    for g in groups:  # the fixed-γ settings with attention runs to pair them with
+        if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()):
+            by_baseline.setdefault(g["baseline_key"], []).append(g)
     # name each curve by what its baseline config does differently from the others' (nothing, for one curve)
-    bases = {key: json.loads(key) for key in by_baseline}
-    varying = sorted({k for b in bases.values() for k in b if len({json.dumps(c.get(k)) for c in bases.values()}) > 1})
+    varying = differing_keys(by_baseline)
     curves = []
     for key, gs in by_baseline.items():
-        nan = math.nan
         points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
-        points += [(float(g["config"].get(FIXED_GAMMA_X, CONTROLS[FIXED_GAMMA_X])),
-                    nan if g["paired_mean"] is None else g["paired_mean"]) + (g["ci"] or (nan, nan)) + (g["n_pairs"],)
-                   for g in gs]
+        for g in gs:
+            mean = math.nan if g["paired_mean"] is None else g["paired_mean"]
+            lo, hi = g["ci"] or (math.nan, math.nan)
+            points.append((float(g["config"].get(FIXED_GAMMA_X, CONTROLS[FIXED_GAMMA_X])), mean, lo, hi,
+                           g["n_pairs"]))
         gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
-        label = " ".join(f"{k}={bases[key][k]}" for k in varying if k in bases[key])
-        curves.append({"label": "fixed γ, δ = 1" + (f" ({label})" if label else ""), "gamma": gamma, "mean": mean,
-                       "lo": lo, "hi": hi, "n": n})
+        base = json.loads(key)
+        label = " ".join(f"{k}={base[k]}" for k in varying if k in base)
+        curves.append({"label": "fixed γ, δ = 1" + (f" ({label})" if label else ""), "gamma": gamma,
+                       "mean": mean, "lo": lo, "hi": hi, "n": n})
     learned = [{"label": g["setting"], "n": g["n"], "layer_gamma": g["layer_gamma"],
                 "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]]}
                for g in groups if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])]
@@ -351,14 +349,13 @@ def curve_data(groups):
 def plot_corridor_curve(curve, plt):
     """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
     and below it, on the same γ axis, where the learned runs' layers end up."""
-    learned = curve["learned"]
+    learned, low = curve["learned"], None
     if learned:
         n_layer = max(len(g["layer_gamma"]) for g in learned)
         fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
                                       gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
     else:
         fig, ax = plt.subplots(figsize=(12, 7))
-        low = None
     for a in (ax, low) if low else (ax,):
         a.axvspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)" if a is ax else None)
         a.grid(alpha=0.3)
@@ -368,28 +365,30 @@ def plot_corridor_curve(curve, plt):
     for i, c in enumerate(curve["curves"]):
         x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
         xs += list(x)
-        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2, label="95% confidence interval" if i == 0 else None)
+        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2,
+                        label="95% confidence interval" if i == 0 else None)
         counts = [k for k in c["n"] if k is not None]  # seeds per fixed-γ point
-        n = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else str(counts[0])
+        n = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
         ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
-                    label=f"{c['label']}, {n} seed{'s' if n != '1' else ''} per point")
+                    label=f"{c['label']}, {seeds(n)} per point")
     ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
             label="attention (γ = 0, δ = 1)")
-    ax.set(ylabel="val loss − attention's\n(nats, same seed)",
-           title="Fixed γ with δ = 1: val loss minus attention's\n(mean over seeds, 95% confidence interval)")
+    ax.set(ylabel="val loss − attention's\n(nats, same seed)", title="Fixed γ with δ = 1: val loss minus "
+           "attention's\n(mean over seeds, 95% confidence interval)")
     ax.legend(loc="best", fontsize=13)
     if low:
-        markers = "v^sD"
         for j, g in enumerate(learned):
-            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # groups side by side
+            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # side by side
             xs += list(g["layer_gamma"])
-            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt=markers[j % 4], markersize=11, capsize=4,
-                         color=colours(len(curve["curves"]) + j), label=f"learned {g['label']} ({seeds(g['n'])})")
+            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt="v^sD"[j % 4], markersize=11,
+                         capsize=4, color=colours(len(curve["curves"]) + j),
+                         label=f"learned {g['label']} ({seeds(g['n'])})")
         low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
         low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
         low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
         low.legend(loc="best", fontsize=12)
-    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  γ = −1: negative Laplacian)")
+    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  "
+                           "γ = −1: negative Laplacian)")
     xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
     ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
     return fig
@@ -402,16 +401,14 @@ def plot(runs, out_dir):
     import matplotlib.pyplot as plt
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-
     def save(fig, fname):
         path = os.path.join(out_dir, fname)
         fig.tight_layout()
         atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
         paths.append(path)
-
     with plt.rc_context({"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}):
-        run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures are about one learned run
+        run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures: of one learned run
         if run is not None:
             evals = run["evals"]
             use_tokens = all("tokens" in r for r in evals)
@@ -423,10 +420,9 @@ def plot(runs, out_dir):
                 fig, ax = plt.subplots(figsize=(11, 6.5))
                 if key == "gamma":
                     ax.axhspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)")
-                for layer in range(vals.shape[1]):
-                    for head in range(vals.shape[2]):
-                        ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
-                                label=f"layer {layer + 1}" if head == 0 else None)
+                for layer, head in np.ndindex(vals.shape[1:]):
+                    ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
+                            label=f"layer {layer + 1}" if head == 0 else None)
                 ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel=f"{sym} per head",
                        title=f"{sym} of every head over training\n{title}")
                 ax.legend(loc="best")
@@ -448,7 +444,8 @@ def plot(runs, out_dir):
         lines, step, title = val_loss_lines(runs, groups)
         fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
         for i, (label, curve) in enumerate(lines):  # 10 colours, then the next line style
-            ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3], label=label)
+            ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3],
+                    label=label)
         ax.set(xlabel="tokens" if step == "tokens" else "iteration", ylabel="val loss (nats)", title=title)
         if len(lines) <= 6:
             ax.legend(loc="best")
@@ -475,10 +472,11 @@ def fmt_p(p):
 
 
 def print_table(header, rows, left=1):
-    """Columns padded to their widest cell: the first `left` left-aligned (names), the others right-aligned."""
+    """Columns padded to their widest cell: the first `left` left-aligned (names), the rest right-aligned."""
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     for r in [header] + rows:
-        print("   " + " ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        print("   " + " ".join(cells).rstrip())
 
 
 def group_cells(g):
@@ -497,7 +495,8 @@ def group_cells(g):
 
 
 def report(runs, each=True):
-    """Print the per-run summaries and the table of runs (each=True), and for several runs the comparison."""
+    """Print the per-run summaries and the table of runs (each=True); given seeds of one setting, the seed
+    groups with their legend, then where the learned groups' γ ended, layer by layer."""
     for run in runs if each else []:
         s = summarize(run)
         tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
@@ -505,8 +504,8 @@ def report(runs, each=True):
         max_iters = run["config"].get("max_iters")
         unfinished = (f"; unfinished, max_iters is {max_iters}" if isinstance(max_iters, int)
                       and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
-        print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} (iter {s['best_iter']}),"
-              f" final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
+        print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
+              f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
             continue
@@ -521,30 +520,24 @@ def report(runs, each=True):
         return
     c = compare(runs)
     if each:
-        print_runs(c["rows"])
-    if any(g["n"] > 1 for g in c["groups"]):
-        print_groups(c["groups"])
-
-
-def print_runs(rows):
-    print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
-          " attention runs of the same config)")
-    print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"],
-                [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}", fmt(s["vs_attention"]),
-                  "fixed" if s["fixed"] or not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")] for s in rows],
-                left=2)
-
-
-def print_groups(groups):
-    """The seed-group table with its legend, then where the learned groups' γ ended, layer by layer."""
+        print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
+              " attention runs of the same config)")
+        cells = [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}",
+                  fmt(s["vs_attention"]), "fixed" if s["fixed"] or not s["learns_gamma"] else
+                  fmt(s["frac_deep"], ".0%")] for s in c["rows"]]
+        print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
+    groups = c["groups"]
+    if not any(g["n"] > 1 for g in groups):
+        return
     print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
           " (val losses in nats per token)")
     print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
                  "corridor>L1"], [group_cells(g) for g in groups])
-    print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the"
-          " same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test."
-          "\n   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads"
-          " beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss).")
+    print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run "
+          "of the same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided "
+          "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
+          "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
+          "seed, zero spread, no attention run or a NaN loss).")
     learned = [g for g in groups if g["learns_gamma"]]
     if learned:
         print("\n== where learned γ ends: mean final γ per layer, ± its std over seeds")
@@ -557,37 +550,30 @@ def print_groups(groups):
 # -----------------------------------------------------------------------------
 # The runs as a table anyone can recompute the statistics from
 
-
-# the config keys a row keeps: those that tell the project's runs apart (with the seed and the final iteration)
+# the config keys a row keeps: those that tell the project's runs apart (with seed and final iteration)
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
 
 
-def start_commit(run):
-    """The git commit train.py recorded in the log's first "start" record; 'unknown' for older logs or no git."""
-    start = next((r for r in run["records"] if r.get("event") == "start"), None)
-    return str(start["commit"]) if start and start.get("commit") else "unknown"
-
-
-def csv_row(run):
-    """A run as CSV cells: config values as JSON (true, null, 0.5), the final eval's losses at full precision,
-    its per-head γ as heads separated by spaces and layers by ';' (6 significant digits keep the sign)."""
-    cfg, last = run["config"], run["evals"][-1]
-    row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
-    bpb = last.get("val_bpb")
-    row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"], iters=last["iter"],
-               val_loss=repr(float(last["val_loss"])),
-               val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
-               final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
-               commit=start_commit(run))
-    return row
-
-
 def write_csv(runs, path):
-    """One row per run (csv_row), sorted by setting, seed and length."""
-    rows = sorted((csv_row(r) for r in runs),  # type first: a missing seed ("") sorts apart
-                  key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))
+    """One row per run, sorted by setting, seed (a missing one, "", apart) and length: config values as JSON
+    (true, null, 0.5), the final eval's losses at full precision, its per-head γ as heads separated by spaces
+    and layers by ';' (6 significant digits keep the sign), and the commit of the log's first "start" record
+    ('unknown' for older logs or no git)."""
+    rows = []
+    for run in runs:
+        cfg, last = run["config"], run["evals"][-1]
+        start = next((r for r in run["records"] if r.get("event") == "start"), {})
+        bpb = last.get("val_bpb")
+        row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
+        row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"],
+                   iters=last["iter"], val_loss=repr(float(last["val_loss"])),
+                   val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
+                   final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
+                   commit=str(start["commit"]) if start.get("commit") else "unknown")
+        rows.append(row)
+    rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))  # type, then seed
     text = io.StringIO()
     writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -612,8 +598,8 @@ def load_csv(path):
             config = {k: json.loads(r[k]) for k in CSV_CONFIG[1:] if r[k] != ""}
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
-            last = {"event": "eval", "iter": int(r["iters"]), "val_loss": float(r["val_loss"]), "gamma": gamma,
-                    "delta": [[math.nan] * len(layer) for layer in gamma]}
+            last = {"event": "eval", "iter": int(r["iters"]), "val_loss": float(r["val_loss"]),
+                    "gamma": gamma, "delta": [[math.nan] * len(layer) for layer in gamma]}
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
         except (ValueError, TypeError, AttributeError) as e:
@@ -647,20 +633,21 @@ def main(argv):
     try:
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
-        for run in runs:
-            for w in run["warnings"]:
-                print(f"warning: {w}", file=sys.stderr)
+        for w in [w for run in runs for w in run["warnings"]]:
+            print(f"warning: {w}", file=sys.stderr)
         report(runs, each=not tables)
         written = [write_csv(runs, opts.csv)] if opts.csv else []
         try:  # the figures need the logs: a table has only each run's end
             written += [] if tables else plot(runs, opts.out or runs[0]["path"])
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
-            print("warning: matplotlib is not installed (pip install matplotlib), so no figures", file=sys.stderr)
+            print("warning: matplotlib is not installed (pip install matplotlib), so no figures",
+                  file=sys.stderr)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. --out names a file, or --csv a folder
-        print(f"error: {e.filename}: {e.strerror}" if e.filename and e.strerror else f"error: {e}", file=sys.stderr)
+        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e
+        print(f"error: {what}", file=sys.stderr)
         return 1
     if written:
         print("\nwrote " + "\n      ".join(written))

@@ -1,4 +1,7 @@
-"""Tests for corridor.py on synthetic run directories with known values. Run: python -m pytest -q test_corridor.py"""
+"""Tests for corridor.py on synthetic run directories with known values.
+
+    python -m pytest -q test_corridor.py
+"""
 import csv
 import json
 import math
@@ -9,16 +12,18 @@ import pytest
 
 import corridor
 
-# final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are endpoints, not inside
+# final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are
+# endpoints, not inside
 GAMMA = [[-0.5, -0.2, 0.3, -1.0],
          [-0.5, 0.0, -1.0, -0.99],
          [-0.1, -0.9, 0.5, -1.5]]
 DELTA = [[1.0] * 4, [2.0] * 4, [3.0, 3.0, 4.0, 4.0]]
 
 
-def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="", head=(), **cfg):
-    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with gamma/delta.
-    head: records written first (train.py's "start" records)."""
+def make_run(tmp_path, name, op="mix", seed=0, val=(3.0, 2.0, 2.5), gamma=GAMMA, delta=DELTA, tail="",
+             head=(), **cfg):
+    """Write config.json and log.jsonl like train.py does: evals every 100 iters, the last one with
+    gamma/delta. head: records written first (train.py's "start" records)."""
     d = tmp_path / name
     d.mkdir()
     config = {"out_dir": f"out/{name}", "dataset": "pydocs", "op": op, "seed": seed, "n_layer": len(gamma),
@@ -94,7 +99,8 @@ def test_seed_groups_mean_std(tmp_path):
         runs.append(corridor.load_run(make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), gamma=g,
                                                delta=[[1.0] * 4] * 2, **extra)))
     groups = corridor.compare(runs)["groups"]
-    assert [(g["label"], g["n"]) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3), ("attention", 2)]
+    assert [(g["label"], g["n"]) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3),
+                                                      ("attention", 2)]
     mix, attn = groups[1], groups[2]
     assert mix["names"] == ["mix_s0", "mix_s1", "mix_s2"]
     assert mix["val_mean"] == pytest.approx(1.9) and mix["val_std"] == pytest.approx(0.1)
@@ -104,7 +110,8 @@ def test_seed_groups_mean_std(tmp_path):
     assert mix["vs_attention"] == pytest.approx(-0.2)
     # seeds 0 and 1 have an attention run; seed 2 has none
     assert mix["paired"] == pytest.approx([-0.2, -0.3])
-    assert mix["paired_mean"] == pytest.approx(-0.25) and mix["paired_std"] == pytest.approx(0.0707107, abs=1e-6)
+    assert (mix["paired_mean"] == pytest.approx(-0.25)
+            and mix["paired_std"] == pytest.approx(0.0707107, abs=1e-6))
     assert groups[0]["val_std"] is None  # one run: no sample std
 
 
@@ -218,7 +225,7 @@ def test_eval_record_needs_numbers(tmp_path, capsys):
 
 
 def test_paired_stats_by_hand():
-    # d = −1, −2, −3: mean −2, sample std 1, standard error 1/√3, t = −2√3 with 2 degrees of freedom
+    # d = −1, −2, −3: mean −2, sample std 1, standard error 1/√3, t = −2√3, 2 degrees of freedom
     s = corridor.paired_stats([-1.0, -2.0, -3.0])
     assert (s["n_pairs"], s["paired_mean"], s["paired_std"]) == (3, -2.0, 1.0)
     assert s["t"] == pytest.approx(-2 * 3 ** 0.5)
@@ -279,8 +286,9 @@ ZEROS = {"gamma": [[0.0] * 4] * 2, "delta": [[1.0] * 4] * 2}
 
 def runs_of(tmp_path, specs):
     """specs: (name, op, seed, final val, config overrides); every run logs evals at iters 0 and 100."""
-    return [make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), **(ZEROS if op == "attention" else TWO_LAYERS),
-                     **extra) for name, op, seed, v, extra in specs]
+    return [make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v),
+                     **(ZEROS if op == "attention" else TWO_LAYERS), **extra)
+            for name, op, seed, v, extra in specs]
 
 
 def group(c, label):
@@ -289,23 +297,26 @@ def group(c, label):
 
 
 def test_paired_statistics_by_hand_and_printed(tmp_path, capsys, no_figures):
-    # d = −0.1, −0.1, −0.2: mean −0.1333, s = 0.0577, t = −4 with 2 df → p = 1 − 4/√18; 95% CI ±4.302653·s/√3
+    # d = −0.1, −0.1, −0.2: mean −0.1333, s = 0.0577, t = −4 with 2 df → p = 1 − 4/√18;
+    # 95% CI ±4.302653·s/√3
     dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
                               ("attn_s2", "attention", 2, 2.2, {}), ("mix_s0", "mix", 0, 1.9, {}),
                               ("mix_s1", "mix", 1, 2.0, {}), ("mix_s2", "mix", 2, 2.0, {})])
     mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
     assert mix["paired"] == pytest.approx([-0.1, -0.1, -0.2]) and mix["paired_seeds"] == [0, 1, 2]
-    assert mix["paired_mean"] == pytest.approx(-0.4 / 3) and mix["paired_std"] == pytest.approx(0.0577350, abs=1e-7)
+    assert (mix["paired_mean"] == pytest.approx(-0.4 / 3)
+            and mix["paired_std"] == pytest.approx(0.0577350, abs=1e-7))
     assert mix["t"] == pytest.approx(-4.0) and mix["p_t"] == pytest.approx(1 - 4 / 18 ** 0.5)
-    assert mix["ci"] == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3), abs=1e-6)
+    assert mix["ci"] == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3),
+                                      abs=1e-6)
     assert (mix["k_lower"], mix["n_pairs"], mix["p_sign"]) == (3, 3, 0.25)
     assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
     out = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(out) if line.startswith("== seed groups"))
-    assert out[head + 1].split() == ["setting", "n", "final", "val", "paired", "diff", "95%", "CI", "p", "(t-test)",
-                                     "lower", "p", "(sign)", "corridor>L1"]
-    assert out[head + 2].split() == ["mix", "3", "1.9667", "±", "0.0577", "-0.1333", "±", "0.0577", "[-0.2768,",
-                                     "+0.0101]", "0.0572", "3/3", "0.2500", "50%", "±", "0%"]
+    assert out[head + 1].split() == ["setting", "n", "final", "val", "paired", "diff", "95%", "CI", "p",
+                                     "(t-test)", "lower", "p", "(sign)", "corridor>L1"]
+    assert out[head + 2].split() == ["mix", "3", "1.9667", "±", "0.0577", "-0.1333", "±", "0.0577",
+                                     "[-0.2768,", "+0.0101]", "0.0572", "3/3", "0.2500", "50%", "±", "0%"]
     assert out[head + 3].split() == ["attn", "3", "2.1000", "±", "0.1000", "baseline", "fixed"]
 
 
@@ -350,7 +361,8 @@ def test_one_seed_and_zero_spread_print_na(tmp_path):
 
 def test_unfinished_run_is_not_paired(tmp_path, capsys, no_figures):
     dirs = [make_run(tmp_path, "attn_s0", op="attention", val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
-            make_run(tmp_path, "attn_s1", op="attention", seed=1, val=(3.0, 2.5, 2.0), max_iters=200, **ZEROS),
+            make_run(tmp_path, "attn_s1", op="attention", seed=1, val=(3.0, 2.5, 2.0), max_iters=200,
+                     **ZEROS),
             make_run(tmp_path, "mix_s0", val=(3.0, 1.9, 1.8), max_iters=200, **TWO_LAYERS),
             # still running
             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]
@@ -368,7 +380,8 @@ def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
     a = make_run(tmp_path / "old", "mix_s0")
     b = make_run(tmp_path / "new", "mix_s0", device="cuda")  # device is not part of the experiment
     line = error_line(capsys, [a, b])
-    assert line == f"error: {a} and {b}: same config and seed 0 (one run twice, or a rerun); pass only one of them"
+    assert line == (f"error: {a} and {b}: same config and seed 0 (one run twice, or a rerun); "
+                    "pass only one of them")
     attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
     # two baselines for seed 0
     attn2 = make_run(tmp_path, "attn2_s0", op="attention", gamma_init=-0.5, **ZEROS)
@@ -391,8 +404,8 @@ def test_csv_one_row_per_run(tmp_path, capsys, no_figures):
     path = tmp_path / "runs.csv"
     assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
     lines = path.read_text().splitlines()
-    assert lines[0] == ("setting,seed,op,n_layer,n_head,n_embd,op_lr_scale,gamma_init,learn_gamma,learn_delta,"
-                        "gamma_min,iters,val_loss,val_bpb,final_gamma,commit")
+    assert lines[0] == ("setting,seed,op,n_layer,n_head,n_embd,op_lr_scale,gamma_init,learn_gamma,"
+                        "learn_delta,gamma_min,iters,val_loss,val_bpb,final_gamma,commit")
     rows = list(csv.DictReader(lines))
     assert [(r["setting"], r["seed"], r["iters"], r["val_loss"], r["commit"]) for r in rows] == [
         ("attention", "0", "100", "2.0", "unknown"),
@@ -406,7 +419,8 @@ def test_csv_one_row_per_run(tmp_path, capsys, no_figures):
 
 
 def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
-    """python corridor.py runs.csv prints the seed groups the run directories gave, and writes the same CSV."""
+    """python corridor.py runs.csv prints the seed groups the run directories gave, and writes the same
+    CSV."""
     near_zero = {"gamma": [[-0.5] * 4, [-1e-05, 0.25, -0.5, -0.5]], "delta": [[1.0] * 4] * 2}
     dirs = runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {}),
                               ("mix_s0", "mix", 0, 1.9, {"op_lr_scale": 10.0}),
@@ -429,7 +443,8 @@ def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
 def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
     bad = tmp_path / "runs.csv"
     bad.write_text("setting,seed,iters,val_loss,commit\nmix,0,100,2.0,unknown\n")
-    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in error_line(capsys, [str(bad)])
+    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in error_line(capsys,
+                                                                                               [str(bad)])
     d = make_run(tmp_path, "mix_s0")
     assert corridor.main([d, f"--csv={bad}"]) == 0
     bad.write_text(bad.read_text().replace(",200,", ",two hundred,"))
@@ -440,10 +455,12 @@ def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
     runs = [corridor.load_run(d) for d in runs_of(tmp_path, [
-        ("attention_s0", "attention", 0, 2.0, {}), ("mix_fixed_gamma_s0", "mix", 0, 1.9, {"gamma_init": -0.5}),
+        ("attention_s0", "attention", 0, 2.0, {}),
+        ("mix_fixed_gamma_s0", "mix", 0, 1.9, {"gamma_init": -0.5}),
         ("mix_fixed_gamma_s1", "mix", 1, 1.9, {"gamma_init": -0.5}), ("mix_s0", "mix", 0, 1.8, {}),
-        ("mix_s1", "mix", 1, 1.8, {}), ("mixA_s0", "mix", 0, 1.7, {"n_embd": 64}), ("mixB_s1", "mix", 1, 1.7,
-        {"n_embd": 64})]) + runs_of(tmp_path / "long", [("mix_fixed_gamma_s0", "mix", 0, 1.5, long)])]
+        ("mix_s1", "mix", 1, 1.8, {}), ("mixA_s0", "mix", 0, 1.7, {"n_embd": 64}),
+        ("mixB_s1", "mix", 1, 1.7, {"n_embd": 64})])
+        + runs_of(tmp_path / "long", [("mix_fixed_gamma_s0", "mix", 0, 1.5, long)])]
     settings = {g["label"]: g["setting"] for g in corridor.compare(runs)["groups"]}
     assert settings == {"attention": "attention", "mix": "mix",
                         "mix n_embd=64": "mix n_embd=64",  # its runs have two names (mixA, mixB): its label
@@ -459,7 +476,8 @@ def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
 
 def curve_runs(tmp_path, attention=True):
     fixed = {"learn_gamma": False, "learn_delta": False}
-    specs = [("fixed_s0", 0, 1.9, {"gamma_init": -0.5, **fixed}), ("fixed_s1", 1, 2.05, {"gamma_init": -0.5, **fixed}),
+    specs = [("fixed_s0", 0, 1.9, {"gamma_init": -0.5, **fixed}),
+             ("fixed_s1", 1, 2.05, {"gamma_init": -0.5, **fixed}),
              ("plus_s0", 0, 2.2, {"gamma_init": 0.3, **fixed}),
              # δ ≠ 1: not on the curve
              ("halfdelta_s0", 0, 1.0, {"gamma_init": -0.9, "delta_init": 0.5, **fixed}),
@@ -468,10 +486,13 @@ def curve_runs(tmp_path, attention=True):
              ("alpha_s0", 0, 1.8, {"op": "mix_alpha"})]  # another op: not a marker either
     dirs = [make_run(tmp_path, name, seed=seed, val=(3.0, v), **{"op": "mix", **TWO_LAYERS, **extra})
             for name, seed, v, extra in specs]
-    dirs += [make_run(tmp_path, "mix_s0", val=(3.0, 1.8), gamma=[[-0.5] * 4, [0.0] * 4], delta=[[1.0] * 4] * 2),
-             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.8), gamma=[[-0.3] * 4, [-0.2] * 4], delta=[[1.0] * 4] * 2)]
+    dirs += [make_run(tmp_path, "mix_s0", val=(3.0, 1.8), gamma=[[-0.5] * 4, [0.0] * 4],
+                      delta=[[1.0] * 4] * 2),
+             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.8), gamma=[[-0.3] * 4, [-0.2] * 4],
+                      delta=[[1.0] * 4] * 2)]
     if attention:
-        dirs += runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {})])
+        dirs += runs_of(tmp_path, [("attn_s0", "attention", 0, 2.0, {}),
+                                   ("attn_s1", "attention", 1, 2.1, {})])
     return dirs
 
 
@@ -504,8 +525,8 @@ def test_corridor_curve_png(tmp_path, capsys):
 
 
 def test_val_loss_figure_lines(tmp_path):
-    dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10), **ZEROS)
-            for s in range(6)]
+    dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10),
+                     **ZEROS) for s in range(6)]
     dirs += [make_run(tmp_path, f"mix_s{s}", seed=s, val=(3.0, 2.0, 1.5), **TWO_LAYERS) for s in range(4)]
     runs = [corridor.load_run(d) for d in dirs]
     lines, step, title = corridor.val_loss_lines(runs, corridor.compare(runs)["groups"])
@@ -534,35 +555,36 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
     "--csv= empty": (None, lambda d: [str(d), "--csv="], "csv is empty"),
     "--out without =": (None, lambda d: [str(d), "--out"], "argument '--out' must look like --key=value"),
     "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: is not a directory"),
-    "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN, "config.json: invalid JSON"),
-    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN, "config.json: expected a "
-                                                                                  "JSON object"),
-    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": '
-                                                                                         '"-0.5"'), RUN,
+    "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN,
+                        "config.json: invalid JSON"),
+    "config not an object": (lambda d: (d / "config.json").write_text("[]"), RUN,
+                             "config.json: expected a JSON object"),
+    "control of the wrong type": (lambda d: edit(d / "config.json", '"gamma_init": 0.0',
+                                                 '"gamma_init": "-0.5"'), RUN,
                                   "config.json: 'gamma_init' must be a number, not '-0.5'"),
     "a bool for a number": (lambda d: edit(d / "config.json", '"gamma_init": 0.0', '"gamma_init": true'), RUN,
                             "config.json: 'gamma_init' must be a number, not True"),
     "a number for a bool": (lambda d: edit(d / "config.json", '"learn_gamma": true', '"learn_gamma": 1'), RUN,
                             "config.json: 'learn_gamma' must be a bool, not 1"),
-    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN, "log.jsonl:1: expected a "
-                                                                                    "JSON object"),
+    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN,
+                               "log.jsonl:1: expected a JSON object"),
     "eval without gamma": (lambda d: edit(d / "log.jsonl", '"gamma"', '"gamma_"'), RUN,
                            "log.jsonl:1: eval record has no 'gamma'"),
-    "ragged gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0]', '"gamma": [[0.0]'), RUN,
-                     "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
+    "ragged gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0]', '"gamma": [[0.0]'),
+                     RUN, "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
     "empty gamma": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
-                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]', '"gamma": [[]], '
-                                                                                            '"delta": [[]]'),
+                                   '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
+                                   '"gamma": [[]], "delta": [[]]'),
                     RUN, "log.jsonl:1: gamma and delta must both be non-empty"),
     "val_loss a bool": (lambda d: edit(d / "log.jsonl", '"val_loss": 3.0', '"val_loss": true'), RUN,
                         "log.jsonl:1: eval record's 'val_loss' must be a number, not True"),
-    "gamma one flat list": (lambda d: edit(d / "log.jsonl", '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, '
-                                                            '0.0]], '
+    "gamma one flat list": (lambda d: edit(d / "log.jsonl",
+                                           '"gamma": [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], '
                                            '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
                                            '"gamma": [0.0, 0.0], "delta": [1.0, 1.0]'), RUN,
                             "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
-    "delta of another shape": (lambda d: edit(d / "log.jsonl", '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, '
-                                                               '1.0, 1.0]]',
+    "delta of another shape": (lambda d: edit(d / "log.jsonl",
+                                              '"delta": [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]',
                                               '"delta": [[1.0, 1.0, 1.0, 1.0]]'), RUN,
                                "log.jsonl:1: gamma and delta must both be non-empty layer x head lists"),
     "iter a string": (lambda d: edit(d / "log.jsonl", '"iter": 0,', '"iter": "0",'), RUN,
@@ -593,7 +615,8 @@ def test_diverged_run_is_not_a_crash(tmp_path, capsys, no_figures):
     assert corridor.main(dirs) == 0
     out = capsys.readouterr().out.splitlines()
     groups = out.index(next(line for line in out if line.startswith("== seed groups")))
-    assert out[groups + 3].split() == ["mix", "2", "nan", "±", "nan", "n/a", "n/a", "n/a", "1/2", "n/a", "50%", "±", "0%"]
+    assert out[groups + 3].split() == ["mix", "2", "nan", "±", "nan", "n/a", "n/a", "n/a", "1/2", "n/a",
+                                       "50%", "±", "0%"]
     runs = out.index(next(line for line in out if line.startswith("== runs by")))
     assert out[runs + 5].split()[0] == "mix_s0"  # the NaN run last
 
@@ -635,7 +658,8 @@ def test_one_layer_run_has_no_share_beyond_layer_1(tmp_path, capsys, no_figures)
 
 
 def test_comparison_tables_only_when_there_is_something_to_compare(tmp_path, capsys, no_figures):
-    """One run: its summary only. Several runs, one seed per setting: the table by val loss, no seed groups."""
+    """One run: its summary only. Several runs, one seed per setting: the table by val loss, no seed
+    groups."""
     mix = make_run(tmp_path, "mix_s0")
     assert corridor.main([mix]) == 0
     out = capsys.readouterr().out
@@ -663,7 +687,8 @@ def test_unfinished_is_said_only_of_runs_short_of_max_iters(tmp_path, capsys, no
 
 def test_p_values_print_fixed_then_scientific():
     """p ≥ 1e-4 prints with 4 decimals, smaller ones in scientific notation (a 0.0000 would hide them)."""
-    assert corridor.fmt_p(1e-4) == "0.0001" and corridor.fmt_p(0.25) == "0.2500" and corridor.fmt_p(1.0) == "1.0000"
+    assert (corridor.fmt_p(1e-4) == "0.0001" and corridor.fmt_p(0.25) == "0.2500"
+            and corridor.fmt_p(1.0) == "1.0000")
     assert corridor.fmt_p(9e-5) == "9.0e-05" and corridor.fmt_p(3.2e-9) == "3.2e-09"
     assert corridor.fmt_p(None) == corridor.fmt(None) == "n/a" and corridor.fmt(-0.25) == "-0.2500"
 
@@ -678,7 +703,8 @@ def test_experiment_ignores_only_what_cannot_change_the_result():
 
 
 def test_which_runs_learn_gamma(tmp_path):
-    """attention and laplacian have nothing to learn; mix learns γ unless learn_gamma=False (absent: the default)."""
+    """attention and laplacian have nothing to learn; mix learns γ unless learn_gamma=False (absent: the
+    default)."""
     assert corridor.FIXED_OPS == ("attention", "laplacian")
     run = corridor.load_run(make_run(tmp_path, "mix_s0"))
     assert corridor.learns_gamma(run)
