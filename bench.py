@@ -250,7 +250,8 @@ SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),  # GPT-2's voc
 def bench_sample(cfg):
     """Greedy sampling of SAMPLE_NEW_TOKENS tokens from a one-token prompt, batch 1, op=mix: GPT.generate
     with its KV cache against generate(use_cache=False), a full forward per token as nanoGPT's generate;
-    both sample from the same output layer, so the ratio is the cache's. Interleaved; the best repeat counts."""
+    both sample from the same output layer, so the ratio is the cache's. Interleaved; the best repeat counts.
+    """
     prompt = torch.zeros((1, 1), dtype=torch.long)
     n, rows = SAMPLE_NEW_TOKENS, {}
     for name, shape in SAMPLE_MODELS.items():
