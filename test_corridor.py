@@ -260,21 +260,26 @@ def test_paired_stats_undefined_cases():
 
 def test_the_numbers_docs_quote():
     """docs/results.md's paired statistics recomputed from docs/corridor_runs.csv, to the digits it prints."""
-    with open(os.path.join(os.path.dirname(__file__), "docs", "corridor_runs.csv")) as f:
-        rows = list(csv.DictReader(f))
-    val = {(r["setting"], int(r["seed"]), int(r["iters"])): float(r["val_loss"]) for r in rows}
+    runs = corridor.load_csv(os.path.join(os.path.dirname(__file__), "docs", "corridor_runs.csv"))
+    val = {r["name"]: r["evals"][-1]["val_loss"] for r in runs}
 
-    def stats(setting, baseline, n, iters=1200):
-        return corridor.paired_stats([val[setting, k, iters] - val[baseline, k, iters] for k in range(n)])
+    def stats(setting, baseline, n=8):
+        return corridor.paired_stats([val[f"{setting}_s{k}"] - val[f"{baseline}_s{k}"] for k in range(n)])
 
-    s = stats("mix", "attention", 8)
-    assert round(s["paired_mean"], 4) == -0.0071 and round(s["paired_std"], 4) == 0.0057
-    assert [round(x, 4) for x in s["ci"]] == [-0.0119, -0.0023]
-    assert round(s["p_t"], 7) == 0.0102206 and (s["k_lower"], s["p_sign"]) == (8, 0.0078125)
-    s = stats("mix_gamma_nonneg", "mix", 8)
-    assert [round(x, 4) for x in s["ci"]] == [0.0063, 0.016] and round(s["p_t"], 4) == 0.0009
-    s = stats("mix", "attention", 3, iters=3600)
-    assert [round(x, 4) for x in s["ci"]] == [-0.0223, 0.0061] and round(s["p_t"], 2) == 0.13
+    s = stats("mix", "attention")
+    assert round(s["paired_mean"], 4) == -0.0071 and [round(x, 4) for x in s["ci"]] == [-0.0120, -0.0023]
+    assert round(s["p_t"], 3) == 0.010 and (s["k_lower"], round(s["p_sign"], 3)) == (7, 0.070)
+    s = stats("mix_fixed_gamma_m03", "attention")
+    assert [round(x, 4) for x in s["ci"]] == [-0.0254, -0.0126] and (s["k_lower"], s["p_sign"]) == (8, 0.0078125)
+    s = stats("mix", "mix_fixed_gamma_m03")
+    assert [round(x, 4) for x in s["ci"]] == [0.0070, 0.0167] and round(s["p_t"], 4) == 0.0007
+    s = stats("mix_start_m03", "mix_fixed_gamma_m03")
+    assert round(s["paired_mean"], 4) == 0.0053 and round(s["p_t"], 3) == 0.032
+    s = stats("mix_lr10_fixed_delta", "mix_lr10", n=4)
+    assert round(s["paired_mean"], 4) == -0.0350 and round(s["p_t"], 3) == 0.004
+    groups = {g["setting"]: g for g in corridor.compare(runs)["groups"]}
+    assert round(groups["3x96_mix"]["paired_mean"], 4) == -0.0030 and groups["3x96_mix"]["n"] == 8
+    assert all(g["deep_mean"] == 1.0 for g in groups.values() if g["learns_gamma"])  # every head in the corridor
 
 
 # --- paired comparison with attention: which runs pair, and what the seed-group table prints
