@@ -1,19 +1,14 @@
 """
 corridor.py: read nanoCorridor run directories, report where the heads' γ ended up and how the runs compare.
 
-Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first
-layer learn γ ∈ (−1, 0), the "convex corridor". This script checks that on our own runs:
-
     python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
+    python corridor.py docs/corridor_runs.csv    # every statistic again, from the table --csv wrote
 
-It prints one summary per run (losses, how many heads sit inside the corridor, per-layer mean γ and δ).
-Given several runs it prints a table sorted by final val loss, then the seed groups (runs that differ only
-in seed) with paired statistics against attention: each run minus the attention run of the same seed and
-config (same initial weights and data order), the mean of those differences with its 95% t confidence
-interval, the paired t-test p-value and the sign count ("k/n lower") with its exact sign-test p-value.
-It writes PNG figures, among them corridor_curve.png when there are fixed-γ runs (val loss against a fixed γ
-with δ = 1), and with --csv a table of the runs from which anyone can recompute the statistics.
-A run directory is what train.py writes: config.json and log.jsonl (see load_run).
+Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first layer learn
+γ ∈ (−1, 0), the "convex corridor". Per run this prints the losses and where γ and δ ended; over runs, a table
+by val loss and, for runs that differ only in seed, paired statistics against attention (see compare). It
+writes PNG figures (with fixed-γ runs, corridor_curve.png: val loss against γ with δ = 1) and with --csv one
+row per run. A run directory is what train.py writes: config.json and log.jsonl (see load_run).
 """
 import csv
 import io
@@ -47,7 +42,6 @@ LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control 
 # -----------------------------------------------------------------------------
 # One run
 
-
 def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)  # JSON's true is not a number
 
@@ -55,10 +49,9 @@ def is_number(value):
 def load_run(path):
     """Read config.json and log.jsonl of one run directory. A user may hand us an edited, truncated or foreign
     one: then raise ValueError with one line that says what is wrong, and where."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: does not exist")
     if not os.path.isdir(path):
-        raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
+        what = "is not a directory (expected a run directory written by train.py)"
+        raise ValueError(f"{path}: {what if os.path.exists(path) else 'does not exist'}")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
     missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
     if missing:
@@ -176,7 +169,6 @@ def summarize(run):
 # run of the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be
 # 0: with n differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of
 # freedom: the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
-
 
 def paired_stats(diffs, level=0.95):
     """Mean paired difference, its t confidence interval, the paired t-test p and the exact sign test.
@@ -297,7 +289,6 @@ def compare(runs):
 
 # -----------------------------------------------------------------------------
 # Figures
-
 
 def val_loss_lines(runs, groups, max_lines=10):
     """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line
@@ -461,7 +452,6 @@ def plot(runs, out_dir):
 
 # -----------------------------------------------------------------------------
 # The console report
-
 
 def fmt(v, spec="+.4f"):
     return "n/a" if v is None else format(v, spec)
