@@ -278,10 +278,21 @@ def test_the_numbers_docs_quote():
     assert round(s["paired_mean"], 4) == 0.0053 and round(s["p_t"], 3) == 0.032
     s = stats("mix_lr10_fixed_delta", "mix_lr10", n=4)
     assert round(s["paired_mean"], 4) == -0.0350 and round(s["p_t"], 3) == 0.004
+    s = stats("mix_lr10_fixed_delta", "attention")  # the best learned variant, 8 seeds at two scales
+    assert [round(x, 4) for x in s["ci"]] == [-0.0222, -0.0106] and round(s["p_t"], 4) == 0.0003
+    s = stats("3x96_mix_lr10_fixed_delta", "3x96_mix_fixed_gamma_m03")
+    assert round(s["paired_mean"], 4) == -0.0004 and round(s["p_t"], 4) == 0.9047
+    s = stats("mix_gamma_nonneg", "mix")
+    assert [round(x, 4) for x in s["ci"]] == [0.0070, 0.0153] and s["k_lower"] == 0
+    s = stats("mix_alpha", "mix")
+    assert round(s["paired_mean"], 4) == -0.0025 and round(s["p_t"], 4) == 0.0003
     groups = {g["setting"]: g for g in corridor.compare(runs)["groups"]}
     assert round(groups["3x96_mix"]["paired_mean"], 4) == -0.0030 and groups["3x96_mix"]["n"] == 8
-    # every learned head beyond layer 1 ends in the corridor
-    assert all(g["deep_mean"] == 1.0 for g in groups.values() if g["learns_gamma"])
+    # every head beyond layer 1 that learns γ freely from γ ≤ 0 ends in the corridor; γ ≥ 0 holds it at 0
+    free = [g for g in groups.values() if g["learns_gamma"] and g["config"].get("gamma_min") is None
+            and g["config"].get("gamma_init", 0.0) <= 0]
+    assert len(free) > 10 and all(g["deep_mean"] == 1.0 for g in free)
+    assert groups["mix_gamma_nonneg"]["deep_mean"] == groups["mix_start_p05"]["deep_mean"] == 0.0
 
 
 # --- paired comparison with attention: which runs pair, and what the seed-group table prints
