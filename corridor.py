@@ -49,9 +49,10 @@ def is_number(value):
 def load_run(path):
     """Read config.json and log.jsonl of one run directory. A user may hand us an edited, truncated or foreign
     one: then raise ValueError with one line that says what is wrong, and where."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: does not exist")
     if not os.path.isdir(path):
-        what = "is not a directory (expected a run directory written by train.py)"
-        raise ValueError(f"{path}: {what if os.path.exists(path) else 'does not exist'}")
+        raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
     missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
     if missing:
