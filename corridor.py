@@ -7,8 +7,9 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
 Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first layer learn
 γ ∈ (−1, 0), the "convex corridor". Per run this prints the losses and where γ and δ ended; over runs, a table
 by val loss and, for runs that differ only in seed, paired statistics against attention (see compare). It
-writes PNG figures (with fixed-γ runs, corridor_curve.png: val loss against γ with δ = 1) and with --csv one
-row per run. A run directory is what train.py writes: config.json and log.jsonl (see load_run).
+writes PNG figures, drawn by figures.py (with fixed-γ runs, corridor_curve.png: val loss against γ with
+δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and log.jsonl
+(see load_run).
 """
 import csv
 import io
@@ -289,12 +290,20 @@ def compare(runs):
 
 
 # -----------------------------------------------------------------------------
-# Figures
+# Figures: what each shows is computed here, and figures.py draws it
+
+X_LABEL = {"tokens": "tokens", "iter": "iteration"}
+
+
+def x_axis(runs):
+    """The figures' x axis: tokens when every eval record has them (older logs do not), else iterations."""
+    return "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+
 
 def val_loss_lines(runs, groups, max_lines=10):
     """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line
     per run, or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
-    step = "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+    step = x_axis(runs)
     curve = {run["path"]: {r[step]: r["val_loss"] for r in run["evals"]} for run in runs}
     if len(runs) <= max_lines:
         return ([(f"{run['name']} ({describe(run)})", curve[run["path"]]) for run in runs], step,
@@ -329,126 +338,39 @@ def curve_data(groups):
                            g["n_pairs"]))
         gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
         base = json.loads(key)
-        label = " ".join(f"{k}={base[k]}" for k in varying if k in base)
-        curves.append({"label": "fixed γ, δ = 1" + (f" ({label})" if label else ""), "gamma": gamma,
-                       "mean": mean, "lo": lo, "hi": hi, "n": n})
-    learned = [{"label": g["setting"], "n": g["n"], "layer_gamma": g["layer_gamma"],
+        differs = " ".join(f"{k}={base[k]}" for k in varying if k in base)
+        label = f"fixed γ, δ = 1 ({differs})" if differs else "fixed γ, δ = 1"
+        counts = [k for k in n if k is not None]  # seeds per fixed-γ point
+        per_point = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
+        curves.append({"label": f"{label}, {seeds(per_point)} per point", "gamma": gamma, "mean": mean,
+                       "lo": lo, "hi": hi, "n": n})
+    learned = [{"label": f"{g['setting']} ({seeds(g['n'])})", "n": g["n"], "layer_gamma": g["layer_gamma"],
                 "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]]}
                for g in groups if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])]
     return {"curves": curves, "learned": learned}
 
 
-def plot_corridor_curve(curve, plt):
-    """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
-    and below it, on the same γ axis, where the learned runs' layers end up."""
-    learned, low = curve["learned"], None
-    if learned:
-        n_layer = max(len(g["layer_gamma"]) for g in learned)
-        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
-                                      gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
-    else:
-        fig, ax = plt.subplots(figsize=(12, 7))
-    for a in (ax, low) if low else (ax,):
-        a.axvspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)" if a is ax else None)
-        a.grid(alpha=0.3)
-    ax.axhline(0, color="black", linewidth=1)
-    colours = plt.get_cmap("tab10")
-    xs = [0.0, -1.0]
-    for i, c in enumerate(curve["curves"]):
-        x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
-        xs += list(x)
-        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2,
-                        label="95% confidence interval" if i == 0 else None)
-        counts = [k for k in c["n"] if k is not None]  # seeds per fixed-γ point
-        n = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
-        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
-                    label=f"{c['label']}, {seeds(n)} per point")
-    ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
-            label="attention (γ = 0, δ = 1)")
-    ax.set(ylabel="val loss − attention's\n(nats, same seed)", title="Fixed γ with δ = 1: val loss minus "
-           "attention's\n(mean over seeds, 95% confidence interval)")
-    ax.legend(loc="best", fontsize=13)
-    if low:
-        for j, g in enumerate(learned):
-            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # side by side
-            xs += list(g["layer_gamma"])
-            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt="v^sD"[j % 4], markersize=11,
-                         capsize=4, color=colours(len(curve["curves"]) + j),
-                         label=f"learned {g['label']} ({seeds(g['n'])})")
-        low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
-        low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
-        low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
-        low.legend(loc="best", fontsize=12)
-    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  "
-                           "γ = −1: negative Laplacian)")
-    xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
-    ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
-    return fig
-
-
 def plot(runs, out_dir):
     """Write the figures into out_dir and return their paths."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
     os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    def save(fig, fname):
-        path = os.path.join(out_dir, fname)
-        fig.tight_layout()
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
-        plt.close(fig)
-        paths.append(path)
-    with plt.rc_context({"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}):
+    groups, drawn = compare(runs)["groups"], {}  # file name -> figure
+    with figures.plt.rc_context(figures.STYLE):
         run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures: of one learned run
         if run is not None:
-            evals = run["evals"]
-            use_tokens = all("tokens" in r for r in evals)
-            x = [r["tokens"] if use_tokens else r["iter"] for r in evals]
-            title = f"{run['name']}: {describe(run)}"
-            colours = plt.get_cmap("tab10")
+            step, title, last = x_axis([run]), f"{run['name']}: {describe(run)}", run["evals"][-1]
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
-                vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
-                fig, ax = plt.subplots(figsize=(11, 6.5))
-                if key == "gamma":
-                    ax.axhspan(-1, 0, color="green", alpha=0.12, label="convex corridor (−1, 0)")
-                for layer, head in np.ndindex(vals.shape[1:]):
-                    ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
-                            label=f"layer {layer + 1}" if head == 0 else None)
-                ax.set(xlabel="tokens" if use_tokens else "iteration", ylabel=f"{sym} per head",
-                       title=f"{sym} of every head over training\n{title}")
-                ax.legend(loc="best")
-                ax.grid(alpha=0.3)
-                save(fig, f"{key}_{run['name']}.png")
-            g = np.array(evals[-1]["gamma"], dtype=float)
-            lim = max(1.0, float(np.abs(g).max()))
-            fig, ax = plt.subplots(figsize=(max(6, 1.6 * g.shape[1] + 3), max(4, 1.0 * g.shape[0] + 2.5)))
-            im = ax.imshow(g, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-            for (layer, head), v in np.ndenumerate(g):
-                ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=14,
-                        color="white" if abs(v) > 0.6 * lim else "black")
-            ax.set(xticks=range(g.shape[1]), xticklabels=range(1, g.shape[1] + 1), xlabel="head",
-                   yticks=range(g.shape[0]), yticklabels=range(1, g.shape[0] + 1), ylabel="layer",
-                   title=f"final γ (iter {evals[-1]['iter']})\n{title}")
-            fig.colorbar(im, ax=ax, label="γ")
-            save(fig, f"gamma_final_{run['name']}.png")
-        groups = compare(runs)["groups"]
+                vals = np.array([r[key] for r in run["evals"]], dtype=float)  # (time, layer, head)
+                drawn[f"{key}_{run['name']}.png"] = figures.head_scalars(
+                    [r[step] for r in run["evals"]], vals, sym, X_LABEL[step], title)
+            drawn[f"gamma_final_{run['name']}.png"] = figures.final_gamma(
+                np.array(last["gamma"], dtype=float), f"final γ (iter {last['iter']})\n{title}")
         lines, step, title = val_loss_lines(runs, groups)
-        fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
-        for i, (label, curve) in enumerate(lines):  # 10 colours, then the next line style
-            ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3],
-                    label=label)
-        ax.set(xlabel="tokens" if step == "tokens" else "iteration", ylabel="val loss (nats)", title=title)
-        if len(lines) <= 6:
-            ax.legend(loc="best")
-        else:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10)
-        ax.grid(alpha=0.3)
-        save(fig, "val_loss.png")
+        drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
         curve = curve_data(groups)
         if curve["curves"]:  # fixed-γ runs with attention runs to pair them with
-            save(plot_corridor_curve(curve, plt), "corridor_curve.png")
-    return paths
+            drawn["corridor_curve.png"] = figures.corridor_curve(curve)
+        return [figures.save(fig, os.path.join(out_dir, name)) for name, fig in drawn.items()]
 
 
 # -----------------------------------------------------------------------------

@@ -520,14 +520,30 @@ def test_corridor_curve_data(tmp_path):
     # γ = −0.5: d = −0.1, −0.05; s = 0.0354, s/√2 = 0.025, t_{.975,1}
     nan, half = float("nan"), 12.706205 * 0.025
     (c,) = curve["curves"]
-    assert c["label"] == "fixed γ, δ = 1" and c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
+    assert c["label"] == "fixed γ, δ = 1, 1–2 seeds per point"
+    assert c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
     assert c["mean"] == pytest.approx([-0.075, 0.0, 0.2])
     assert c["lo"] == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
     assert c["hi"] == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
     (learned,) = curve["learned"]  # the plain learned mix runs: mean final γ per layer over seeds
-    assert (learned["label"], learned["n"]) == ("mix", 2)
+    assert (learned["label"], learned["n"]) == ("mix (2 seeds)", 2)
     assert learned["layer_gamma"] == pytest.approx([-0.4, -0.1])
     assert learned["layer_std"] == pytest.approx([0.1414214, 0.1414214], abs=1e-7)
+
+
+def test_corridor_curve_one_per_baseline(tmp_path):
+    """Runs of two widths are two experiments: each fixed γ is paired with attention of its own width and
+    drawn on its own curve, named by what differs (never one curve mixing the widths)."""
+    fixed = {"learn_gamma": False, "learn_delta": False, "gamma_init": -0.3}
+    dirs = runs_of(tmp_path, [(f"{name}{w}_s{s}", op, s, v + s / 100 + w / 1000, {"n_embd": w, **extra})
+                              for w in (64, 96) for s in (0, 1)
+                              for name, op, v, extra in [("attn", "attention", 2.0, {}),
+                                                         ("fixed", "mix", 1.9, fixed)]])
+    curves = corridor.curve_data(corridor.compare([corridor.load_run(d) for d in dirs])["groups"])["curves"]
+    assert [c["label"] for c in curves] == ["fixed γ, δ = 1 (n_embd=64), 2 seeds per point",
+                                            "fixed γ, δ = 1 (n_embd=96), 2 seeds per point"]
+    for c in curves:
+        assert c["gamma"] == [-0.3, 0.0] and c["mean"] == pytest.approx([-0.1, 0.0]) and c["n"] == [2, None]
 
 
 def test_corridor_curve_png(tmp_path, capsys):
@@ -747,6 +763,7 @@ def test_val_loss_figure_by_iteration_when_a_log_has_no_tokens(tmp_path):
 
 def test_without_matplotlib_tables_and_csv_still_come(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.delitem(sys.modules, "figures", raising=False)  # so the next import of figures.py tries it
     d, csv = make_run(tmp_path, "mix_s0"), tmp_path / "runs.csv"
     assert corridor.main([d, f"--csv={csv}"]) == 0
     captured = capsys.readouterr()

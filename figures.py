@@ -1,0 +1,119 @@
+"""
+figures.py: the PNG figures corridor.py writes, drawn with matplotlib from the numbers corridor.py computes.
+
+    python corridor.py out/mix_s0 out/attention_s0 [--out=DIR]   # writes them into DIR (default out/mix_s0)
+
+Nothing here decides what a figure shows: corridor.py computes it (val_loss_lines, curve_data) and this file
+only draws it. corridor.py imports this file when it draws, so matplotlib stays optional.
+"""
+import math
+import os
+
+import matplotlib
+matplotlib.use("Agg")  # draw into files only: no window, so it also works on a server or in CI
+import matplotlib.pyplot as plt
+import numpy as np
+
+from rundir import atomic_write
+
+# large enough to read on a projector
+STYLE = {"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}
+CORRIDOR = dict(color="green", alpha=0.12)  # the shading of γ ∈ (−1, 0)
+
+
+def head_scalars(x, vals, sym, xlabel, title):
+    """γ or δ (sym) of every head over training: vals is (time, layer, head), one colour per layer."""
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(11, 6.5))
+    if sym == "γ":
+        ax.axhspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)")
+    for layer, head in np.ndindex(vals.shape[1:]):
+        ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
+                label=f"layer {layer + 1}" if head == 0 else None)
+    ax.set(xlabel=xlabel, ylabel=f"{sym} per head", title=f"{sym} of every head over training\n{title}")
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def final_gamma(gamma, title):
+    """The final γ of every head as a (layer, head) grid of numbers, red below 0 and blue above."""
+    n_layer, n_head = gamma.shape
+    lim = max(1.0, float(np.abs(gamma).max()))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * n_head + 3), max(4, 1.0 * n_layer + 2.5)))
+    im = ax.imshow(gamma, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for (layer, head), v in np.ndenumerate(gamma):
+        ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=14,
+                color="white" if abs(v) > 0.6 * lim else "black")
+    ax.set(xticks=range(n_head), xticklabels=range(1, n_head + 1), xlabel="head",
+           yticks=range(n_layer), yticklabels=range(1, n_layer + 1), ylabel="layer", title=title)
+    fig.colorbar(im, ax=ax, label="γ")
+    return fig
+
+
+def val_loss(lines, xlabel, title):
+    """One line per (label, {x: val loss}); beyond 6 lines the legend goes to the right of the plot."""
+    fig, ax = plt.subplots(figsize=(11, 6.5) if len(lines) <= 6 else (16, 7))
+    for i, (label, curve) in enumerate(lines):  # 10 colours, then the next line style
+        ax.plot(list(curve), list(curve.values()), marker="o", linestyle=("-", "--", ":")[i // 10 % 3],
+                label=label)
+    ax.set(xlabel=xlabel, ylabel="val loss (nats)", title=title)
+    if len(lines) <= 6:
+        ax.legend(loc="best")
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def corridor_curve(curve):
+    """The classroom figure: val loss against a fixed γ (δ = 1), paired with attention, the corridor shaded,
+    and below it, on the same γ axis, where the learned runs' layers end up (curve: corridor.curve_data)."""
+    learned, low = curve["learned"], None
+    if learned:
+        n_layer = max(len(g["layer_gamma"]) for g in learned)
+        fig, (ax, low) = plt.subplots(2, 1, sharex=True, figsize=(12, 9.5),
+                                      gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
+    else:
+        fig, ax = plt.subplots(figsize=(12, 7))
+    for a in (ax, low) if low else (ax,):
+        a.axvspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)" if a is ax else None)
+        a.grid(alpha=0.3)
+    ax.axhline(0, color="black", linewidth=1)
+    colours = plt.get_cmap("tab10")
+    xs = [0.0, -1.0]
+    for i, c in enumerate(curve["curves"]):
+        x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
+        xs += list(x)
+        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2,
+                        label="95% confidence interval" if i == 0 else None)
+        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
+                    label=c["label"])
+    ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
+            label="attention (γ = 0, δ = 1)")
+    ax.set(ylabel="val loss − attention's\n(nats, same seed)", title="Fixed γ with δ = 1: val loss minus "
+           "attention's\n(mean over seeds, 95% confidence interval)")
+    ax.legend(loc="best", fontsize=13)
+    if low:
+        for j, g in enumerate(learned):
+            y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # side by side
+            xs += list(g["layer_gamma"])
+            low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt="v^sD"[j % 4], markersize=11,
+                         capsize=4, color=colours(len(curve["curves"]) + j), label=f"learned {g['label']}")
+        low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
+        low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
+        low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
+        low.legend(loc="best", fontsize=12)
+    (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  "
+                           "γ = −1: negative Laplacian)")
+    xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
+    ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
+    return fig
+
+
+def save(fig, path):
+    """Write fig as a PNG at path (never half a file), free it, and return path."""
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return path
