@@ -138,6 +138,36 @@ def test_plot_returns_paths(tmp_path):
                                                  "gamma_final_mix_s0.png", "val_loss.png"]
 
 
+def test_plot_hands_figures_the_run_and_its_axis(tmp_path, monkeypatch):
+    """What plot gives figures.py to draw: the first learned run's γ and δ against its tokens, its final γ,
+    and every run's val loss, against iterations as one log has no tokens (test_figures checks drawing)."""
+    import figures
+    drawn = {}
+
+    def keep(fig, path):  # instead of writing the PNG
+        drawn[os.path.basename(path)] = fig
+        return path
+    monkeypatch.setattr(figures, "save", keep)
+    attn = make_run(tmp_path, "attn_s0", op="attention", **ZEROS)
+    edit(tmp_path / "attn_s0" / "log.jsonl", '"iter": 0, "tokens": 0, ', '"iter": 0, ')  # an older log
+    mixes = [make_run(tmp_path, "mix_s0"), make_run(tmp_path, "mix_s1", seed=1)]
+    runs = [corridor.load_run(d) for d in [attn] + mixes]
+    corridor.plot(runs, str(tmp_path / "figs"))
+    assert list(drawn) == ["gamma_mix_s0.png", "delta_mix_s0.png", "gamma_final_mix_s0.png", "val_loss.png"]
+    for key, values in (("gamma", GAMMA), ("delta", DELTA)):
+        ax = drawn[f"{key}_mix_s0.png"].axes[0]
+        assert ax.get_xlabel() == "tokens" and ax.get_title().endswith("\nmix_s0: mix seed=0")
+        assert list(ax.lines[-1].get_xdata()) == [0, 204800, 409600]
+        assert ax.lines[-1].get_ydata()[-1] == values[-1][-1]  # the last head at the last eval
+    grid = drawn["gamma_final_mix_s0.png"].axes[0]
+    assert grid.images[0].get_array().tolist() == GAMMA
+    assert grid.get_title() == "final γ (iter 200)\nmix_s0: mix seed=0"
+    ax = drawn["val_loss.png"].axes[0]
+    assert ax.get_xlabel() == "iteration" and list(ax.lines[0].get_xdata()) == [0, 100, 200]
+    assert [list(line.get_ydata()) for line in ax.lines] == [[3.0, 2.0, 2.5]] * 3
+    figures.plt.close("all")
+
+
 def error_line(capsys, argv):
     """Run the CLI expecting failure; return its single stderr line."""
     assert corridor.main(argv) == 1

@@ -1,0 +1,135 @@
+"""Tests for figures.py: each function returns a matplotlib Figure, and these read back what it drew
+(lines, points, shading, text, limits) against the numbers given to it. No pixels are compared.
+
+    python -m pytest -q test_figures.py
+"""
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+import figures  # noqa: E402
+from figures import plt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def corridor_span(patch):
+    """The shaded band's extent in data coordinates along the γ axis: (low, high)."""
+    box = patch.get_bbox()
+    return box.y0, box.y1
+
+
+def test_head_scalars_one_line_per_head_coloured_by_layer():
+    x = [0, 100, 200]
+    vals = np.arange(12, dtype=float).reshape(3, 2, 2) / 10 - 0.6  # (time, layer, head)
+    fig = figures.head_scalars(x, vals, "γ", "iteration", "run: mix")
+    (ax,) = fig.axes
+    assert len(ax.lines) == 4
+    for line, (layer, head) in zip(ax.lines, np.ndindex(2, 2)):
+        assert list(line.get_xdata()) == x and list(line.get_ydata()) == pytest.approx(vals[:, layer, head])
+    colours = [line.get_color() for line in ax.lines]
+    assert colours[0] == colours[1] != colours[2] == colours[3]  # one colour per layer
+    assert [corridor_span(p) for p in ax.patches] == [(-1.0, 0.0)]  # γ: the corridor is shaded
+    assert legend_texts(ax) == ["convex corridor (−1, 0)", "layer 1", "layer 2"]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("iteration", "γ per head")
+    assert ax.get_title() == "γ of every head over training\nrun: mix"
+    fig = figures.head_scalars(x, vals, "δ", "tokens", "run: mix")
+    assert len(fig.axes[0].patches) == 0  # δ: no corridor
+    assert legend_texts(fig.axes[0]) == ["layer 1", "layer 2"]
+
+
+def test_final_gamma_grid_shows_every_head_symmetric_about_zero():
+    gamma = np.array([[-0.5, 0.25, 0.0], [-1.5, 0.75, -0.125]])  # (layer, head)
+    fig = figures.final_gamma(gamma, "final γ")
+    ax = fig.axes[0]
+    (image,) = ax.images
+    assert np.array_equal(image.get_array(), gamma)
+    assert image.get_clim() == (-1.5, 1.5)  # symmetric, so γ = 0 is the middle colour
+    assert figures.final_gamma(gamma / 10, "").axes[0].images[0].get_clim() == (-1.0, 1.0)  # at least ±1
+    texts = {(t.get_position(), t.get_text()) for t in ax.texts}
+    assert texts == {((head, layer), f"{v:.2f}") for (layer, head), v in np.ndenumerate(gamma)}
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3"]  # heads and layers from 1
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2"]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("head", "layer", "final γ")
+
+
+@pytest.mark.parametrize("n", [3, 12])
+def test_val_loss_one_line_each(n):
+    lines = [(f"run {i}", {0: 3.0, 100: 2.0 + i / 100}) for i in range(n)]
+    fig = figures.val_loss(lines, "tokens", "validation loss")
+    ax = fig.axes[0]
+    assert [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines] == \
+        [([0, 100], [3.0, 2.0 + i / 100]) for i in range(n)]
+    assert legend_texts(ax) == [f"run {i}" for i in range(n)]
+    assert [line.get_linestyle() for line in ax.lines] == ["-"] * min(n, 10) + ["--"] * (n - 10)
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("tokens", "val loss (nats)",
+                                                                   "validation loss")
+
+
+CURVE = {"curves": [{"label": "fixed γ, δ = 1, 2–3 seeds per point", "gamma": [-0.5, -0.3, 0.0, 0.3],
+                     "mean": [0.01, -0.02, 0.0, 0.04], "lo": [-0.01, -0.03, 0.0, math.nan],
+                     "hi": [0.03, -0.01, 0.0, math.nan], "n": [3, 2, None, 1]}],
+         "learned": [{"label": "mix (2 seeds)", "n": 2, "layer_gamma": [-0.1, -1.2, -0.3],
+                      "layer_std": [0.01, 0.02, math.nan]}]}
+
+
+def test_corridor_curve_points_band_and_where_learned_layers_end():
+    fig = figures.corridor_curve(CURVE)
+    ax, low = fig.axes
+    (points,) = [c for c in ax.containers if c.lines[0].get_xdata().size == 4]  # the curve's errorbar
+    line = points.lines[0]
+    assert list(line.get_xdata()) == [-0.5, -0.3, 0.0, 0.3]
+    assert list(line.get_ydata()) == pytest.approx([0.01, -0.02, 0.0, 0.04])
+    bars = points.lines[2][0].get_segments()  # the vertical error bars: from lo to hi at each γ
+    ends = [v for s in bars[:2] for v in (s[0][0], s[0][1], s[1][1])]  # γ, lo, hi of the first two points
+    assert ends == pytest.approx([-0.5, -0.01, 0.03, -0.3, -0.03, -0.01])
+    star = [l for l in ax.lines if l.get_marker() == "*"]
+    assert len(star) == 1 and list(star[0].get_xdata()) == [0] and list(star[0].get_ydata()) == [0]
+    for a in (ax, low):  # the corridor is shaded in both panels, at γ from −1 to 0
+        (band,) = a.patches
+        assert (band.get_bbox().x0, band.get_bbox().x1) == (-1.0, 0.0)
+    assert ax.get_xlim() == pytest.approx((-1.2 - 0.08, 0.3 + 0.08))  # every point, learned ones too
+    (learned,) = low.containers
+    assert list(learned.lines[0].get_xdata()) == [-0.1, -1.2, -0.3]
+    assert list(learned.lines[0].get_ydata()) == [1, 2, 3]  # layer i at y = i, layer 1 on top
+    bars = learned.lines[2][0].get_segments()  # horizontal: γ ± its std over seeds, at each layer
+    assert [v for s in bars[:2] for v in (s[0][0], s[1][0], s[0][1])] == pytest.approx([-0.11, -0.09, 1,
+                                                                                        -1.22, -1.18, 2])
+    assert low.get_ylim()[0] > low.get_ylim()[1]
+    assert [t.get_text() for t in low.get_yticklabels()] == ["layer 1", "layer 2", "layer 3"]
+    assert sorted(legend_texts(ax)) == ["95% confidence interval", "attention (γ = 0, δ = 1)",
+                                        "convex corridor (−1, 0)", "fixed γ, δ = 1, 2–3 seeds per point"]
+    assert legend_texts(low) == ["learned mix (2 seeds)"]
+
+
+def test_corridor_curve_learned_settings_side_by_side():
+    other = {"label": "mix (3 seeds)", "n": 3, "layer_gamma": [-0.2, -0.4, -0.6], "layer_std": [0.0] * 3}
+    low = figures.corridor_curve({**CURVE, "learned": CURVE["learned"] + [other]}).axes[1]
+    first, second = (list(c.lines[0].get_ydata()) for c in low.containers)
+    assert first == pytest.approx([0.9, 1.9, 2.9]) and second == pytest.approx([1.1, 2.1, 3.1])  # each layer
+
+
+def test_corridor_curve_without_learned_runs_has_one_panel():
+    fig = figures.corridor_curve({**CURVE, "learned": []})
+    (ax,) = fig.axes
+    assert ax.get_xlim() == pytest.approx((-1.0 - 0.08, 0.3 + 0.08))  # the whole corridor stays in view
+    assert ax.get_xlabel().startswith("γ ")
+
+
+def test_save_writes_a_png_and_frees_the_figure(tmp_path):
+    fig = figures.val_loss([("a", {0: 1.0})], "iteration", "t")
+    path = str(tmp_path / "v.png")
+    assert figures.save(fig, path) == path
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert fig.number not in plt.get_fignums()  # closed: many figures in one process do not pile up
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.png"]  # no temporary left beside it
