@@ -321,7 +321,7 @@ def curve_data(groups):
     """What corridor_curve.png shows, from compare()'s groups. curves: one per attention baseline (usually
     one), the fixed-γ settings (δ = 1) at x = their γ, y = the mean paired difference to attention with its
     95% CI (NaN where undefined), and attention at (0, 0). learned: for each setting of LEARNED_OP with
-    default controls, its mean final γ per layer (± seed std)."""
+    default controls, its mean final γ per layer (± seed std). Every label says how many seeds it holds."""
     by_baseline = {}
     for g in groups:  # the fixed-γ settings with attention runs to pair them with
         if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()):
