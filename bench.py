@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from configurator import ConfigError, at_least, configure, one_of
-from hardware import keep_freed_memory
+from support.configurator import ConfigError, at_least, configure, one_of
+from support.hardware import keep_freed_memory
 from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))

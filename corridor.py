@@ -22,9 +22,9 @@ import sys
 import numpy as np
 from scipy import stats
 
-from configurator import ConfigError, configure, nonempty, open_regular, read_regular
+from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular
 from operators import OPS, all_controls
-from rundir import atomic_write
+from support.rundir import atomic_write
 
 # ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
@@ -352,7 +352,7 @@ def curve_data(groups):
 
 def plot(runs, out_dir):
     """Write the figures into out_dir and return their paths."""
-    import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
+    from support import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
     os.makedirs(out_dir, exist_ok=True)
     groups, drawn = compare(runs)["groups"], {}  # file name -> figure
     with figures.plt.rc_context(figures.STYLE):

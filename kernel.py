@@ -8,33 +8,25 @@ writing the output tile. The backward is flash-attention-2: recompute P tile by 
 
     out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
 
-On a GPU, mix_attention picks its launch configs at first use, checking each against float64 and timing it
-against SDPA (kernel_check.tune); impl='auto' asks kernel_check.usable whether the kernel is correct and
-faster here.
+On a GPU the launch configs are the caller's: the model takes them from support/kernel_check.py, which checks
+every candidate against float64 on the device at first use and times it against SDPA (impl='auto' uses the
+kernel only where it is correct and faster). This file imports only torch and triton.
 
 Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads.
 Like SDPA's flash backward, dq is summed with fp32 atomics: on a GPU its last bits vary from run to run.
 
-    python kernel.py       # pass/fail (exit status): on a GPU, everything kernel_check.py lists;
-                           # on a CPU, the float64 checks in the Triton interpreter
+    python -m support.kernel_check   # pass/fail (exit status): on a GPU, every check it lists;
+                                     # on a CPU, the float64 checks in the Triton interpreter
 """
 import contextlib
 import itertools
 import math
 import os
-import sys
 
 import torch
-from torch import Tensor
-
-if __name__ == "__main__":  # the checks live in kernel_check.py, which imports this file as module `kernel`
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # must happen before triton kernels are defined
-    import kernel_check
-    sys.exit(kernel_check.main(sys.argv[1:]))
-
 import triton
 import triton.language as tl
+from torch import Tensor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 POISON = False  # tests set this: outputs start as NaN, so any element a kernel forgets to write shows up
@@ -193,8 +185,8 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     _store_rows(DK + own, keys, dk, T, H * D, D)
 # -----------------------------------------------------------------------------
 # PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks. On a GPU,
-# kernel_check.tune tests every launch config against float64 on the device before use, then times it
-# against SDPA.
+# support/kernel_check.py's tune() tests every launch config against float64 on the device before use, then
+# times it against SDPA.
 
 
 # Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?,
@@ -342,17 +334,11 @@ def _check_inputs(q, k, v, a, b):
 def mix_attention(q, k, v, a, b, configs=None):
     """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,).
     Differentiable.
-    configs: the (forward, backward) launch configs; None: SMALL in the interpreter, on a GPU the fastest of
-    the configs that pass kernel_check.accuracy() for this shape bucket, chosen at first use by
-    kernel_check.tune() (ValueError if none passes)."""
+    configs: the (forward, backward) launch configs, e.g. one of candidates(); None in the interpreter: SMALL.
+    On a GPU, support.kernel_check.fused passes the fastest one that passed its float64 check there."""
     _check_inputs(q, k, v, a, b)
-    if configs is None and INTERPRET:
-        configs = SMALL
-    elif configs is None:
-        import kernel_check  # here, not at the top: kernel_check imports this file
-        tuned = kernel_check.tune(q.device, q.dtype, tuple(q.shape))
-        if tuned is None:
-            raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
-                             f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
-        configs = tuned[0]
+    if configs is None and not INTERPRET:
+        raise ValueError("mix_attention: pass configs on a GPU (support.kernel_check.fused picks ones checked "
+                         "against float64 on this device)")
+    configs = configs or SMALL
     return _mix_fwd(q, k, v, a, b, list(configs[0]), list(configs[1]))[0]  # (B, H, T, D)

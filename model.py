@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import hardware
+from support import hardware
 from operators import OPS, Attention, causal_softmax, operator_matrix
 
 # -----------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def resolve_impl(impl, op, q, dropout_p):
         return impl
     if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
         try:
-            from kernel_check import usable  # lazy: imports triton
+            from support.kernel_check import usable  # lazy: imports triton
         except ImportError:
             return "sdpa"
         if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once
@@ -116,8 +116,8 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, K, V)  # P·V of the new token: (B, nh, 1, hs)
             y = self.op(v, y)  # a·v needs only the new token's own value v, never a cached one
         elif impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
-            from kernel import mix_attention
-            y = mix_attention(q, k, v, *self.op.coefficients())
+            from support.kernel_check import fused  # kernel.mix_attention with launch configs checked here
+            y = fused(q, k, v, *self.op.coefficients())
         elif impl == "materialized":
             y = operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
         else:
@@ -369,7 +369,7 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 if __name__ == "__main__":
     import sys
-    from configurator import ConfigError, configure, one_of
+    from support.configurator import ConfigError, configure, one_of
     try:
         cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
         if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:  # its heads have no γ to set

@@ -43,9 +43,9 @@ from pathlib import Path
 import filelock
 import numpy as np
 
-from configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular,
+from support.configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular,
                           optional, refuse_unless_regular)
-from dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
+from support.dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-from configurator import SEED, ConfigError, at_least, configure, optional
+from support.configurator import SEED, ConfigError, at_least, configure, optional
 from model import GPT
 from operators import OPS, all_controls
 from prepare_data import get_tokenizer
-from rundir import load_checkpoint, model_from_checkpoint
+from support.rundir import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory

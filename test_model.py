@@ -469,7 +469,7 @@ class _FakeQ:
     ("triton", "mix", False, 0.0, False, "triton"),  # even where it cannot run: it then fails loudly
 ])
 def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
-    import kernel_check
+    from support import kernel_check
     from model import resolve_impl
     asked = []
     def usable(*key):
@@ -480,7 +480,7 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
     assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
     # triton not installed: `from kernel_check import usable` fails
-    monkeypatch.setitem(sys.modules, "kernel_check", None)
+    monkeypatch.setitem(sys.modules, "support.kernel_check", None)
     assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
 
 
@@ -591,7 +591,7 @@ def test_optimizer_groups_exactly(op):
 def test_estimate_mfu_against_the_palm_formula(monkeypatch):
     """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds
     / peak FLOP/s."""
-    import hardware
+    from support import hardware
     monkeypatch.setattr(hardware, "peak_flops", lambda device: 1e12)
     model = GPT(tiny("mix"))
     N = model.get_num_params()

@@ -21,14 +21,14 @@ from dataclasses import fields
 
 import torch
 
-import hellaswag
-from configurator import SEED, ConfigError, at_least, configure, in_range, nonempty, one_of, optional
-from dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
-from hardware import ddp_env, device_rule, end_process, exit_status, start_process
+from support import hellaswag
+from support.configurator import SEED, ConfigError, at_least, configure, in_range, nonempty, one_of, optional
+from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
+from support.hardware import ddp_env, device_rule, end_process, exit_status, start_process
 from model import GPT, PRETRAINED, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared, token_bytes
-from rundir import (Run, check_same_data, claim_run_dir, load_optimizer_state, model_from_checkpoint,
+from support.rundir import (Run, check_same_data, claim_run_dir, load_optimizer_state, model_from_checkpoint,
                     resume_from_checkpoint, save_checkpoints, start_log, unlock_run_dir, why)
 
 # -----------------------------------------------------------------------------

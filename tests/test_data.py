@@ -3,7 +3,7 @@ Tests for prepare_data.py and dataloader.py: tokenizers, the shard format, corpu
 included) and the ShardLoader. No network needed: GPT-2 BPE is replaced by a tiny byte-level tiktoken
 encoding, and the Hugging Face hub by FakeHub, which serves small files the tests write.
 
-    python -m pytest -q test_data.py            # -m "not slow" skips the two tiny training runs
+    python -m pytest -q tests/test_data.py            # -m "not slow" skips the two tiny training runs
 """
 import errno
 import json
@@ -25,24 +25,14 @@ import pytest
 import tiktoken
 import torch
 
-import dataloader as dl
+from support import dataloader as dl
 import prepare_data as pd
-from dataloader import DataError, ShardLoader
+from support.dataloader import DataError, ShardLoader
+from helpers import FakeHub, parquet_bytes, tiny_enc  # noqa: F401 (tiny_enc is a fixture)
 
 DOCS = ["Hello world, this is the first document.\nIt has two lines.",
         "The second one: numbers 12345 and ünïcödé ✓.",
         "A third, short one."]
-
-
-@pytest.fixture
-def tiny_enc(monkeypatch):
-    """A GPT-2-shaped encoding without a download: 256 byte tokens + end-of-text 256."""
-    enc = tiktoken.Encoding(
-        name="tiny",
-        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-        mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={"<|endoftext|>": 256})
-    monkeypatch.setattr(pd, "gpt2_encoding", lambda: enc)
-    return enc
 
 
 def all_tokens(data_dir, split):
@@ -529,45 +519,7 @@ def test_load_meta_of_broken_json_is_one_line(tmp_path, content):
 # -----------------------------------------------------------------------------
 # the hub corpora, offline: FakeHub serves the files
 
-class FakeHub:
-    """Stands in for the Hugging Face hub (get_paths_info and hf_hub_download): lists and serves the files a
-    test wrote (served[name] replaces a file's content in downloads only), records every download, and fails
-    on request: info_error on the listing, error at download number fail_at."""
-
-    def __init__(self, monkeypatch, files):
-        self.files, self.served, self.downloads = files, {}, []
-        self.info_error = self.error = self.fail_at = None
-        # huggingface_hub serves its names through a module __getattr__: the fakes go into the module's dict,
-        # and undoing that deletes them again, whatever monkeypatch.setattr's undo does for dynamic attributes
-        monkeypatch.setitem(vars(huggingface_hub), "get_paths_info", self.get_paths_info)
-        monkeypatch.setitem(vars(huggingface_hub), "hf_hub_download", self.hf_hub_download)
-
-    def get_paths_info(self, repo_id, paths, repo_type, revision):
-        assert repo_type == "dataset" and (repo_id, revision) in ((pd.OWT_REPO, pd.OWT_REVISION),
-                                                                  (pd.FINEWEB_REPO, pd.FINEWEB_REVISION))
-        if self.info_error:
-            raise self.info_error
-        return [SimpleNamespace(path=p, size=len(self.files[p])) for p in paths if p in self.files]
-
-    def hf_hub_download(self, repo_id, filename, repo_type, revision, local_dir):
-        path = os.path.join(local_dir, filename)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if len(self.downloads) == self.fail_at:
-            open(os.path.join(local_dir, "partial.incomplete"), "wb").close()  # as the hub leaves one
-            raise self.error
-        self.downloads.append(filename)
-        with open(path, "wb") as f:
-            f.write(self.served.get(filename, self.files[filename]))
-        return path
-
-
 RESPONSE = SimpleNamespace(headers={}, request=None)  # what the hub's HTTP errors carry
-
-
-def parquet_bytes(columns):
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table(columns), sink, row_group_size=7)
-    return sink.getvalue().to_pybytes()
 
 
 OWT_DOCS = [[f"file {f}, document {i}: " + "words and more words " * ((7 * i + f) % 5 + 1) for i in range(30)]

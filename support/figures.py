@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # draw into files only: no window, so it also works on a 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from rundir import atomic_write
+from support.rundir import atomic_write
 
 # large enough to read on a projector
 STYLE = {"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}

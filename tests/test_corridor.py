@@ -1,6 +1,6 @@
 """Tests for corridor.py on synthetic run directories with known values.
 
-    python -m pytest -q test_corridor.py
+    python -m pytest -q tests/test_corridor.py
 """
 import csv
 import json
@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import corridor
+from helpers import ROOT
 
 # final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are
 # endpoints, not inside
@@ -141,7 +142,7 @@ def test_plot_returns_paths(tmp_path):
 def test_plot_hands_figures_the_run_and_its_axis(tmp_path, monkeypatch):
     """What plot gives figures.py to draw: the first learned run's γ and δ against its tokens, its final γ,
     and every run's val loss, against iterations as one log has no tokens (test_figures checks drawing)."""
-    import figures
+    from support import figures
     drawn = {}
 
     def keep(fig, path):  # instead of writing the PNG
@@ -290,7 +291,7 @@ def test_paired_stats_undefined_cases():
 
 def test_the_numbers_docs_quote():
     """docs/results.md's paired statistics recomputed from docs/corridor_runs.csv, to the digits it prints."""
-    runs = corridor.load_csv(os.path.join(os.path.dirname(__file__), "docs", "corridor_runs.csv"))
+    runs = corridor.load_csv(os.path.join(ROOT, "docs", "corridor_runs.csv"))
     val = {r["name"]: r["evals"][-1]["val_loss"] for r in runs}
 
     def stats(setting, baseline, n=8):

@@ -2,7 +2,7 @@
 
 On a CUDA machine the kernels run for real on CUDA tensors in fp32, fp16 and bf16. On a CPU conftest.py sets
 TRITON_INTERPRET=1 and they run in the Triton interpreter, in fp32 and fp16 (bf16 dots are wrong there).
-Run: python -m pytest -q test_kernel.py
+Run: python -m pytest -q tests/test_kernel.py
 """
 import concurrent.futures
 import contextlib
@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import re
 import time
+import types
 import warnings
 
 import pytest
@@ -20,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 import kernel
-import kernel_check
+from support import kernel_check
 from kernel import mix_attention
+from helpers import ROOT
 from operators import operator_matrix
 
 CUDA = torch.cuda.is_available()
@@ -280,13 +282,16 @@ def test_timing_refuses_a_slower_kernel(fresh_checks):
     assert kernel_check.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20
 
 
-def test_mix_attention_raises_where_no_config_passes(fresh_checks, monkeypatch):
+def test_fused_raises_where_no_config_passes(fresh_checks, monkeypatch):
     """impl='triton' on a GPU where every config fails its check: a clear error, not wrong numbers."""
     (q, k, v, a, b), _ = make_inputs(1, 8, 16)
     monkeypatch.setattr(kernel, "INTERPRET", False)  # the GPU path: configs come from tune()
     monkeypatch.setattr(kernel, "_check_inputs", lambda *inputs: None)  # which would refuse CPU tensors now
     monkeypatch.setattr(kernel_check, "tune", lambda device, dtype, shape: None)
+    on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=torch.float16, shape=(1, 4, 8, 16))
     with pytest.raises(ValueError, match=r"no launch config passed the float64 check on .*; use impl='sdpa'"):
+        kernel_check.fused(on_gpu, k, v, a, b)
+    with pytest.raises(ValueError, match=r"pass configs on a GPU"):  # kernel.py itself never guesses
         kernel.mix_attention(q, k, v, a, b)
 
 
@@ -467,14 +472,15 @@ def test_backward_checks_the_layout_of_pv_and_lse():
         kernel._mix_bwd(dout, q, k, v, a, b, pv, lse[..., :8], SMALL[1])
 
 # -----------------------------------------------------------------------------
-# python kernel.py: a pass/fail gate (kernel_check.py)
+# python -m support.kernel_check: a pass/fail gate
 
-GATE_CPU_PARTS = ["--tests=False", "--gpt2_steps=0", "--timing=False"]  # on a GPU: only the float64 checks
+GATE_CPU_PARTS = ["--tests=False", "--timing=False"]  # on a GPU: only the float64 checks
 
 
 def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
     """The gate's exit status: 1 when the kernel under test is wrong, 0 when it is right (planted kernels, so
-    that this runs in seconds; `python kernel.py` on a CPU checks the real kernel in the interpreter)."""
+    that this runs in seconds; `python -m support.kernel_check` on a CPU checks the real kernel in the
+    interpreter)."""
     assert kernel_check.main(GATE_CPU_PARTS, fn=dv_without_identity_term) == 1
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("| float", "| bfloat"))]  # a row per config
@@ -482,19 +488,19 @@ def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
     assert out.endswith("kernel check FAILED\n")
     assert kernel_check.main(GATE_CPU_PARTS, fn=exact) == 0
     assert capsys.readouterr().out.endswith("kernel check passed\n")
-    assert kernel_check.main(["--gpt2_steps=-1"], fn=exact) == 2
-    assert "gpt2_steps=-1 is not allowed" in capsys.readouterr().err
+    assert kernel_check.main(["--tests=3"], fn=exact) == 2
+    assert "tests=3 is not allowed" in capsys.readouterr().err
 
 
-def test_kernel_py_help_prints_help_and_checks_nothing():
+def test_kernel_check_help_prints_help_and_checks_nothing():
     import subprocess
     import sys
-    run = subprocess.run([sys.executable, "kernel.py", "--help"], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "support.kernel_check", "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith('Fused causal "mix attention" in Triton')
+    assert run.stdout.startswith("The checks of kernel.py's fused kernel")
     settings = run.stdout.split("settings and their defaults:\n")[1].splitlines()
-    assert [line.split()[0] for line in settings] == ["--tests=True", "--gpt2_steps=3", "--timing=True"]
+    assert [line.split()[0] for line in settings] == ["--tests=True", "--timing=True"]
 
 
 def test_sdpa_backend_is_named():
@@ -502,10 +508,64 @@ def test_sdpa_backend_is_named():
     assert kernel_check.sdpa_backend(q, k, v) not in ("", "unknown")
 
 
-def test_kernel_check_compares_training_steps(monkeypatch):
-    """The gate's GPT-2 comparison, on a tiny model: impl=triton and impl=sdpa train alike (fp16 with the
-    scaler; in the interpreter bf16 dots are wrong), and a kernel with b's sign flipped fails it."""
+# -----------------------------------------------------------------------------
+# Training steps with the fused kernel against SDPA: GPT-2 small on a GPU (part of the gate), a tiny model here
+
+def compare_gpt2(steps, batch_size=4, device="cuda", dtypes=(torch.bfloat16, torch.float16), **model_args):
+    """GPT-2 small (124M; model_args change it), op=mix, from the same weights on the same batch: impl=triton
+    against impl=sdpa, in bf16 and in fp16 with the gradient scaler. True if at every step the losses agree
+    within 1% and the gradient norms, the whole one and each parameter's, within 5%."""
+    from model import GPT, GPTConfig
+    config = GPTConfig(op="mix", **model_args)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.block_size), generator=g).to(device)
+    print(f"\n{config.n_layer} layers × {config.n_head} heads × {config.n_embd}, op=mix, "
+          f"{steps} training steps "
+          f"(B={batch_size}, T={config.block_size}): impl=triton against impl=sdpa")
+    print("| dtype | step | loss triton | loss sdpa | grad norm triton | grad norm sdpa | worst parameter's "
+          "grad norm, triton / sdpa - 1 | result |")
+    print("|---" * 8 + "|")
+    all_ok = True
+    for dtype in dtypes:
+        curves = {}
+        for impl in ("triton", "sdpa"):
+            torch.manual_seed(0)
+            model = GPT(GPTConfig(**{**vars(config), "impl": impl})).to(device)
+            opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95))
+            scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
+            curves[impl] = []
+            for _ in range(steps):
+                with torch.autocast(device, dtype=dtype):
+                    loss = model(x, y)[1]
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                norms = torch.stack([p.grad.norm() for p in model.parameters()])  # (number of parameters,)
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+                curves[impl].append((loss.item(), norm.item(), norms.float()))
+        for step, ((lt, nt, pt), (ls, ns, ps)) in enumerate(zip(curves["triton"], curves["sdpa"])):
+            worst = ((pt - ps).abs() / ps.clamp_min(1e-12)).max().item()
+            # a NaN anywhere fails every comparison
+            ok = abs(lt - ls) <= 0.01 * abs(ls) and abs(nt - ns) <= 0.05 * abs(ns) and worst <= 0.05
+            all_ok &= ok
+            result = "pass" if ok else "FAIL"
+            print(f"| {str(dtype)[6:]} | {step} | {lt:.4f} | {ls:.4f} | {nt:.4f} | {ns:.4f} "
+                  f"| {worst:.1e} | {result} |")
+    return all_ok
+
+
+@pytest.mark.skipif(not CUDA, reason="GPT-2 small's training steps need a GPU")
+def test_gpt2_small_trains_alike_with_the_fused_kernel(capsys):
+    with capsys.disabled():  # the gate shows the table
+        assert compare_gpt2(3)
+
+
+def test_fused_kernel_trains_alike_on_a_tiny_model(monkeypatch):
+    """compare_gpt2 on a tiny model: impl=triton and impl=sdpa train alike (fp16 with the scaler; in the
+    interpreter bf16 dots are wrong), and a kernel with b's sign flipped fails it."""
     tiny = dict(n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)
-    assert kernel_check.compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
-    monkeypatch.setattr(kernel, "mix_attention", b_sign_flipped)  # what the model's forward imports
-    assert not kernel_check.compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
+    assert compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
+    monkeypatch.setattr(kernel_check, "mix_attention", b_sign_flipped)  # the kernel fused() calls
+    assert not compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)

@@ -1,7 +1,7 @@
 """Tests for figures.py: each function returns a matplotlib Figure, and these read back what it drew
 (lines, points, shading, text, limits) against the numbers given to it. No pixels are compared.
 
-    python -m pytest -q test_figures.py
+    python -m pytest -q tests/test_figures.py
 """
 import math
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
-import figures  # noqa: E402
-from figures import plt  # noqa: E402
+from support import figures  # noqa: E402
+from support.figures import plt  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

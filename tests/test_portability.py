@@ -2,7 +2,7 @@
 Training without the POSIX-only modules, as on Windows: tiny runs in subprocesses where importing `fcntl`
 and `resource` fails. This simulates, on Linux, what Windows lacks; nothing here runs on Windows or macOS.
 
-    python -m pytest -q test_portability.py
+    python -m pytest -q tests/test_portability.py
 """
 import json
 import os
@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--eval_iters=1",
-        "--eval_interval=2", "--max_iters=2", "--device=cpu"]
+from helpers import QUICK, ROOT
+
 # None in sys.modules makes `import fcntl` raise ImportError, as it does on Windows; so does `import resource`
 WITHOUT_POSIX = """
 import sys
@@ -23,7 +22,8 @@ sys.path.insert(0, {here!r})
 TRAIN = "import train\ntrain.main(sys.argv[1:])\n"
 # holds a run directory's lock, as a live run does, until it is killed
 HOLD = """
-import time, filelock, rundir
+import time, filelock
+from support import rundir
 assert not filelock.has_fcntl  # the lock works without flock, as on Windows
 rundir.lock_run_dir("out/busy")
 print("ready", flush=True)
@@ -33,13 +33,13 @@ time.sleep(120)
 
 def without_posix(code, *args, **popen):
     """Start `python -c code args` in a process where importing fcntl or resource fails."""
-    return subprocess.Popen([sys.executable, "-c", WITHOUT_POSIX.format(here=HERE) + code, *args],
+    return subprocess.Popen([sys.executable, "-c", WITHOUT_POSIX.format(here=ROOT) + code, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, **popen)
 
 
 def train_without_posix(out, cwd):
-    p = without_posix(TRAIN, *TINY, f"--out_dir={out}", cwd=cwd)
+    p = without_posix(TRAIN, *QUICK, f"--out_dir={out}", cwd=cwd)
     stdout, stderr = p.communicate(timeout=300)
     return p.returncode, stdout + stderr
 

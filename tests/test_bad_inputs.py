@@ -2,7 +2,7 @@
 Every bad input a user can give train.py, sample.py, bench.py and model.py gets one line that names the
 problem and says what to do: exit status ≠ 0, no traceback, nothing lost or half-written.
 
-    python -m pytest -q test_bad_inputs.py
+    python -m pytest -q tests/test_bad_inputs.py
 """
 import errno
 import importlib.util
@@ -17,41 +17,12 @@ import pytest
 import torch
 
 import bench
-import hardware
-import rundir
+from support import hardware
+from support import rundir
 import sample
 import train
-from configurator import ConfigError, check, configure
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--eval_iters=1",
-        "--eval_interval=2", "--max_iters=2", "--device=cpu"]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def one_line_error(main, argv):
-    """Run a script's main(argv); it must stop with exactly one 'error: ...' line. Returns that line."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    message = str(e.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
-
-
-def train_error(*args):
-    return one_line_error(train.main, TINY + list(args))
-
-
-@pytest.fixture
-def finished_run(workdir):
-    train.main(TINY + ["--out_dir=out/done"])
-    return "out/done"
-
+from support.configurator import ConfigError, check, configure
+from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, workdir  # noqa: F401 (fixtures)
 
 # --- train.py: settings -------------------------------------------------------------------------------------
 
@@ -199,7 +170,7 @@ def test_a_falsy_default_still_fixes_the_type(key, value, words):
                                                     "resume, gpt2, "
      "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
     # a directory
-    ("init_from", HERE, HERE, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "
+    ("init_from", ROOT, ROOT, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "
      "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
     # a text setting keeps numbers as text
     ("dataset", "2024", "2024", "''", "dataset is empty: give a value"),
@@ -302,7 +273,7 @@ def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(train, "train", interrupted)
     with pytest.raises(SystemExit) as e:
-        train.main(TINY)
+        train.main(QUICK)
     assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
                             "(same --out_dir)")
 
@@ -321,7 +292,7 @@ def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypa
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(SystemExit) as e:
-        train.main(TINY + ["--gradient_accumulation_steps=3"])
+        train.main(QUICK + ["--gradient_accumulation_steps=3"])
     assert e.value.code == 1  # silent: the line is printed once, by rank 0
 
 
@@ -337,7 +308,7 @@ def test_resume_rechecks_the_checkpoints_settings_and_stays_where_the_run_is(fin
     ckpt["config"]["warmup_iters"] = warmup
     torch.save(ckpt, f"{finished_run}/ckpt.pt")
     os.rename(finished_run, "out/run")  # moved to the default out_dir, so no --out_dir is given
-    train.main(TINY + ["--init_from=resume", "--max_iters=4"])
+    train.main(QUICK + ["--init_from=resume", "--max_iters=4"])
     assert torch.load("out/run/ckpt.pt", weights_only=True)["iter_num"] == 4
     assert not os.path.exists(finished_run)
 
@@ -384,7 +355,7 @@ def test_a_run_killed_while_starting_can_start_again(finished_run):
     assert '"event": "start"' in start
     os.remove(f"{finished_run}/ckpt.pt")
     open(f"{finished_run}/log.jsonl", "w").write(start)
-    train.main(TINY + [f"--out_dir={finished_run}"])
+    train.main(QUICK + [f"--out_dir={finished_run}"])
     log = open(f"{finished_run}/log.jsonl").read()
     assert log.count('"event": "start"') == 1 and '"event": "done"' in log  # a log of this run alone
 
@@ -399,7 +370,7 @@ def test_a_hand_edited_log_is_never_cut_short(finished_run, line, words):
     lines = open(f"{finished_run}/log.jsonl").readlines()
     open(f"{finished_run}/log.jsonl", "w").writelines(lines[:2] + [line] + lines[2:])
     if words is None:
-        train.main(TINY + [f"--out_dir={finished_run}", "--init_from=resume", "--max_iters=4"])
+        train.main(QUICK + [f"--out_dir={finished_run}", "--init_from=resume", "--max_iters=4"])
         assert len([r for r in open(f"{finished_run}/log.jsonl") if '"eval"' in r]) == 3  # iters 0, 2 and 4
     else:
         assert words in train_error(f"--out_dir={finished_run}", "--init_from=resume", "--max_iters=4")
@@ -407,7 +378,7 @@ def test_a_hand_edited_log_is_never_cut_short(finished_run, line, words):
 
 
 def test_resume_on_another_dataset_is_refused(finished_run):
-    from dataloader import write_shard
+    from support.dataloader import write_shard
     os.makedirs("data/abc")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/abc/abc_{split}_00000{n}.bin", [0, 1, 2] * 300)
@@ -440,7 +411,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys)
     finally:
         holder.kill()
         holder.wait()
-    train.main(TINY + ["--out_dir=out/busy"])  # the holder died without cleaning up: its lock went with it
+    train.main(QUICK + ["--out_dir=out/busy"])  # the holder died without cleaning up: its lock went with it
     assert "the previous run in out/busy (process 4242) stopped before finishing" in capsys.readouterr().out
     assert open("out/busy/lock").read() == ""  # a run that finishes leaves no process behind in the lock
 
@@ -656,7 +627,7 @@ def test_a_good_checkpoint_loads_and_a_directory_is_none(workdir):
 
 
 def test_dataset_without_meta_json(workdir):
-    from dataloader import write_shard
+    from support.dataloader import write_shard
     os.makedirs("data/half")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/half/half_{split}_00000{n}.bin", list(range(100)) * 10)
@@ -722,7 +693,7 @@ def test_bench_checks_the_nanogpt_file(workdir):
     assert bad("folder.py") == f"error: nanogpt='folder.py' is not a Python file: {where}"
     assert bad("boom.py") == f"error: nanogpt='boom.py' failed to load (ZeroDivisionError): {where}"
     assert bad("half.py") == f"error: nanogpt='half.py' defines no GPT and GPTConfig: {where}"
-    ours = os.path.join(HERE, "model.py")
+    ours = os.path.join(ROOT, "model.py")
     assert bad(ours) == f"error: nanogpt={ours!r} is this project's own model.py: {where}"
     shutil.copy(ours, "copy.py")  # ours elsewhere: its configure_optimizers takes other arguments
     assert bad("copy.py") == f"error: nanogpt='copy.py' failed to train as nanoGPT's GPT does (TypeError): " \
@@ -742,5 +713,5 @@ def test_bench_gpt2_step_needs_cuda():
     ("model.py", ["laplacian"], "unexpected argument 'laplacian'"),
 ])
 def test_command_lines_print_one_line(workdir, script, args, words):
-    p = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True)
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1 and words in p.stderr, p.stderr

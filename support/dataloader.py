@@ -21,7 +21,7 @@ import os
 import numpy as np
 import torch
 
-from configurator import ConfigError, open_regular, read_regular
+from support.configurator import ConfigError, open_regular, read_regular
 
 MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
 HEADER_BYTES = HEADER_INTS * 4

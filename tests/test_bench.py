@@ -3,7 +3,7 @@ What bench.py's tables mean: which repeat each column keeps, what "above baselin
 ratio divides by, what tokens/s counts. A fake clock, a fake training step and scripted measurements make the
 arithmetic exact, so that no test depends on how fast or how busy the machine is.
 
-    python -m pytest -q test_bench.py
+    python -m pytest -q tests/test_bench.py
 """
 import contextlib
 import importlib.util
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import bench
+from helpers import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_memory_is_measured_on_linux_and_left_out_where_resource_is_missing(monk
     assert 63 < resident_now - resident < 66 and resident_now - 1 < peak_now < 100 * resident_now  # MiB, both
     del x
     monkeypatch.setitem(sys.modules, "resource", None)  # now `import resource` raises ImportError
-    spec = importlib.util.spec_from_file_location("bench_on_windows", os.path.join(HERE, "bench.py"))
+    spec = importlib.util.spec_from_file_location("bench_on_windows", os.path.join(ROOT, "bench.py"))
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert bench.memory_mib() is None
     fake_steps(monkeypatch, clock, 1.0)
@@ -186,7 +186,7 @@ def test_runs_from_any_working_directory(tmp_path):
     for name in ("bench.py", "model.py"):
         (tmp_path / name).write_text("raise SystemExit(\"the caller's directory was imported from\")\n")
     argv = ["--ops=attention", "--block_sizes=8", "--batch_size=1", "--iters=1", "--repeats=1"]
-    p = subprocess.run([sys.executable, os.path.join(HERE, "bench.py"), *argv], cwd=tmp_path,
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), *argv], cwd=tmp_path,
                        capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith("| attention | sdpa | 8 | "), p.stderr
 

@@ -26,8 +26,8 @@ from dataclasses import asdict
 import filelock
 import torch
 
-from configurator import ConfigError, check, nonempty, open_regular, read_regular, refuse_unless_regular
-from dataloader import check_meta
+from support.configurator import ConfigError, check, nonempty, open_regular, read_regular, refuse_unless_regular
+from support.dataloader import check_meta
 from model import GPT, GPTConfig
 
 RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,

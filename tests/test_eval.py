@@ -4,7 +4,7 @@ batch size, seed and number of processes), bits per byte, HellaSwag (prepared fr
 a hand computation) and what a research run logs (the gradient norm before clipping, every head's γ/δ in
 wandb, save_every's checkpoints).
 
-    python -m pytest -q test_eval.py
+    python -m pytest -q tests/test_eval.py
 """
 import importlib.machinery
 import json
@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-import hellaswag
+from support import hellaswag
 import prepare_data as pd
 import train
-from dataloader import DataError, ValSet, read_shard, write_shard
+from support.dataloader import DataError, ValSet, read_shard, write_shard
 from model import GPT, GPTConfig
 from prepare_data import token_bytes
-from test_data import FakeHub, parquet_bytes, tiny_enc  # noqa: F401 (tiny_enc is a fixture)
-from test_train import HERE, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (workdir is a fixture)
+from helpers import (ROOT, TINY, FakeHub, char_dataset, parquet_bytes, read_log, run, tiny_enc,  # noqa: F401
+                     workdir)  # (tiny_enc and workdir are fixtures)
 
 
 def printed_val_loss(out):
@@ -74,7 +74,7 @@ def test_one_checkpoint_gives_one_val_loss_for_every_batch_size_seed_and_process
         train_losses.add(re.search(r"train loss (\d+\.\d+)", out).group(1))
     assert len(train_losses) > 1  # the train estimate samples batches: the settings do change what it reads
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        os.path.join(HERE, "train.py"), *TINY, "--eval_only=True",
+                        os.path.join(ROOT, "train.py"), *TINY, "--eval_only=True",
                         "--gradient_accumulation_steps=2", "--out_dir=out/v"],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                        timeout=300)

@@ -1,29 +1,30 @@
 """
 The checks of kernel.py's fused kernel, in two parts:
 
-1. What impl='auto' runs at first use on a device (model.resolve_impl asks usable(); mix_attention asks
-   tune() for its launch configs): every candidate launch config against float64 (accuracy), then the
-   passing ones timed against SDPA + epilogue (time_fwd_bwd), the results cached per device, dtype and
-   shape bucket.
+1. What impl='auto' runs at first use on a device (model.resolve_impl asks usable(); the model's fused path
+   calls fused(), which asks tune() for its launch configs): every candidate launch config against float64
+   (accuracy), then the passing ones timed against SDPA + epilogue (time_fwd_bwd), the results cached per
+   device, dtype and shape bucket.
 
     usable(q.device, q.dtype, q.shape)   # impl='auto': correct here (float64 check) and faster than SDPA?
     tune(q.device, q.dtype, q.shape)     # (the fastest passing config pair, faster than SDPA?), or None
+    fused(q, k, v, a, b)                 # kernel.mix_attention with tune()'s configs
 
-2. The pass/fail gate that `python kernel.py` runs; its exit status is 0 only if every part passed.
+2. The pass/fail gate, `python -m support.kernel_check`; its exit status is 0 only if every part passed.
 
 - The fused kernel's out and five gradients against float64 (accuracy: ragged T = 301, q, k, v in the
   model's layout, a sharp head, a cancelling Laplacian head, run twice), for D = 64 and 128 in every launch
   config the device may pick: fp32, fp16 and bf16 on a GPU; fp32 and fp16 in the Triton interpreter on a CPU
   (bf16 dots are wrong there). On a CPU that is all: 6 minutes on a shared 2-core machine.
-- On a GPU also: `pytest -q test_kernel.py` on the real kernels; a few GPT-2-small training steps with
-  impl=triton against impl=sdpa, in bf16 and in fp16 with the gradient scaler (losses within 1%, gradient
-  norms within 5%); and, with the tuning cache cleared, the timing behind impl='auto', naming the SDPA backend
-  it ran against. Slower than SDPA is reported, not failed: auto then uses SDPA. Meant to fit in 10 minutes on
-  one H200.
+- On a GPU also: `pytest -q tests/test_kernel.py` on the real kernels, which includes a few GPT-2-small
+  training steps with impl=triton against impl=sdpa, in bf16 and in fp16 with the gradient scaler (losses
+  within 1%, gradient norms within 5%); and, with the tuning cache cleared, the timing behind impl='auto',
+  naming the SDPA backend it ran against. Slower than SDPA is reported, not failed: auto then uses SDPA. Meant
+  to fit in 10 minutes on one H200.
 
-    python kernel.py --tests=False --gpt2_steps=0 --timing=False   # only the float64 checks
+    python -m support.kernel_check --tests=False --timing=False   # only the float64 checks
 
-kernel.py imports this file only when needed (in mix_attention, and in its `__main__`), never at module level.
+This module imports kernel.py, never the reverse.
 """
 import functools
 import itertools
@@ -35,10 +36,14 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+
+if __name__ == "__main__" and not torch.cuda.is_available():  # the gate on a CPU: the Triton interpreter,
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # which must be chosen before kernel.py defines its kernels
+
 import triton
 from triton.testing import do_bench
 
-from configurator import ConfigError, at_least, configure
+from support.configurator import ConfigError, configure
 from kernel import HEAD_DIMS, _on, _precision, candidates, mix_attention
 
 # -----------------------------------------------------------------------------
@@ -186,6 +191,19 @@ def usable(device, dtype, shape, kernel=mix_attention) -> bool:
     return tuned is not None and tuned[1]
 
 
+def fused(q, k, v, a, b):
+    """kernel.mix_attention with the launch configs tune() picked for q's device and shape (the interpreter's
+    own on a CPU). A ValueError where no config passed the float64 check: never a wrong number."""
+    configs = None
+    if q.is_cuda:
+        tuned = tune(q.device, q.dtype, tuple(q.shape))
+        if tuned is None:
+            raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
+                             f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
+        configs = tuned[0]
+    return mix_attention(q, k, v, a, b, configs=configs)
+
+
 def _device(device):  # "cuda" means the current CUDA device: name its index, so that it has one tuning key
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -198,11 +216,10 @@ def _capturing(device):
 
 
 # -----------------------------------------------------------------------------
-# 2. The pass/fail gate: `python kernel.py`
+# 2. The pass/fail gate: `python -m support.kernel_check`
 
 DEFAULTS = dict(
-    tests=True,  # (GPU) run pytest -q test_kernel.py on the real kernels
-    gpt2_steps=3,  # (GPU) GPT-2-small training steps to compare, impl=triton against impl=sdpa; 0: none
+    tests=True,  # (GPU) run pytest -q tests/test_kernel.py on the real kernels, GPT-2-small steps included
     timing=True,  # (GPU) time the kernel against SDPA + epilogue, as impl='auto' does
 )
 TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12, 4096, 128)]  # (B, H, T, D)
@@ -232,54 +249,10 @@ def check_accuracy(fn, device):
 
 
 def run_tests():
-    print("\npytest -q test_kernel.py on the real kernels:", flush=True)
-    here = os.path.dirname(os.path.abspath(__file__))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "test_kernel.py"], cwd=here).returncode == 0
-
-
-def compare_gpt2(steps, batch_size=4, device="cuda", dtypes=(torch.bfloat16, torch.float16), **model_args):
-    """GPT-2 small (124M; model_args change it), op=mix, from the same weights on the same batch: impl=triton
-    against impl=sdpa, in bf16 and in fp16 with the gradient scaler. True if at every step the losses agree
-    within 1% and the gradient norms, the whole one and each parameter's, within 5%."""
-    from model import GPT, GPTConfig
-    config = GPTConfig(op="mix", **model_args)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.block_size), generator=g).to(device)
-    print(f"\n{config.n_layer} layers × {config.n_head} heads × {config.n_embd}, op=mix, "
-          f"{steps} training steps "
-          f"(B={batch_size}, T={config.block_size}): impl=triton against impl=sdpa")
-    print("| dtype | step | loss triton | loss sdpa | grad norm triton | grad norm sdpa | worst parameter's "
-          "grad norm, triton / sdpa - 1 | result |")
-    print("|---" * 8 + "|")
-    all_ok = True
-    for dtype in dtypes:
-        curves = {}
-        for impl in ("triton", "sdpa"):
-            torch.manual_seed(0)
-            model = GPT(GPTConfig(**{**vars(config), "impl": impl})).to(device)
-            opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95))
-            scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
-            curves[impl] = []
-            for _ in range(steps):
-                with torch.autocast(device, dtype=dtype):
-                    loss = model(x, y)[1]
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                norms = torch.stack([p.grad.norm() for p in model.parameters()])  # (number of parameters,)
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                curves[impl].append((loss.item(), norm.item(), norms.float()))
-        for step, ((lt, nt, pt), (ls, ns, ps)) in enumerate(zip(curves["triton"], curves["sdpa"])):
-            worst = ((pt - ps).abs() / ps.clamp_min(1e-12)).max().item()
-            # a NaN anywhere fails every comparison
-            ok = abs(lt - ls) <= 0.01 * abs(ls) and abs(nt - ns) <= 0.05 * abs(ns) and worst <= 0.05
-            all_ok &= ok
-            result = "pass" if ok else "FAIL"
-            print(f"| {str(dtype)[6:]} | {step} | {lt:.4f} | {ls:.4f} | {nt:.4f} | {ns:.4f} "
-                  f"| {worst:.1e} | {result} |")
-    return all_ok
+    print("\npytest -q tests/test_kernel.py on the real kernels:", flush=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-m", "pytest", "-q", "tests/test_kernel.py"]
+    return subprocess.run(command, cwd=root).returncode == 0
 
 
 def sdpa_backend(q, k, v):
@@ -315,8 +288,7 @@ def timing():
 def main(argv, fn=mix_attention):
     """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
     try:
-        cfg = configure(DEFAULTS, argv, dict(gpt2_steps=at_least(0)), files=False,
-                        help_from=[("", sys.modules[__name__])])[0]
+        cfg = configure(DEFAULTS, argv, files=False, help_from=[("", sys.modules[__name__])])[0]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -324,11 +296,13 @@ def main(argv, fn=mix_attention):
     passed = [check_accuracy(fn, torch.device("cuda" if cuda else "cpu"))]
     if cuda and cfg.tests:
         passed.append(run_tests())
-    if cuda and cfg.gpt2_steps:
-        passed.append(compare_gpt2(cfg.gpt2_steps))
     if cuda and cfg.timing:
         timing()
     if not cuda:
         print("no GPU here: only the float64 checks ran, in the Triton interpreter")
     print("kernel check " + ("passed" if all(passed) else "FAILED"))
     return 0 if all(passed) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

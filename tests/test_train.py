@@ -5,7 +5,7 @@ eval_only, DDP with torchrun (gloo, 2 CPU processes) against one process, the Na
 start, your own operator through train.py's settings, what a run logs and prints (and its speed), main's
 one-line exits, and sampling. Bad inputs: test_bad_inputs.py.
 
-    python -m pytest -q test_train.py
+    python -m pytest -q tests/test_train.py
 """
 import json
 import math
@@ -20,38 +20,16 @@ import numpy as np
 import pytest
 import torch
 
-import hardware
+from support import hardware
 import train
-from configurator import ConfigError, configure
-from dataloader import unigram_loss, write_shard
-from hardware import pick_device_and_dtype
+from support.configurator import ConfigError, configure
+from support.dataloader import unigram_loss, write_shard
+from support.hardware import pick_device_and_dtype
 from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from prepare_data import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-# a model small enough that a few iterations take about a second on one CPU core
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--eval_iters=2",
-        "--val_tokens=4096", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--device=cpu"]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """Run in a fresh directory: data/pydocs gets prepared on the fly there, like on a fresh machine."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run(*args):
-    return train.train(*parse_config(TINY + list(args)))
-
-
-def read_log(out_dir, event=None):
-    with open(os.path.join(out_dir, "log.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return [r for r in records if event is None or r["event"] == event]
-
+from helpers import ROOT, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (workdir is a fixture)
 
 def weights(path):
     return torch.load(path, weights_only=True)["model"]
@@ -61,16 +39,6 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-
-
-def char_dataset(name, chars, n=3000):
-    """data/<name>: a char-level dataset over the alphabet `chars` (random text, enough for TINY's runs)."""
-    os.makedirs(f"data/{name}")
-    for split, i in (("val", 0), ("train", 1)):
-        write_shard(f"data/{name}/{name}_{split}_00000{i}.bin",
-                    np.random.RandomState(i).randint(0, len(chars), n))
-    json.dump({"name": name, "tokenizer": "char", "chars": chars, "vocab_size": len(chars)},
-              open(f"data/{name}/meta.json", "w"))
 
 
 # --- settings -----------------------------------------------------------------------------------------------
@@ -342,7 +310,7 @@ train.main(sys.argv[1:])
 
 
 def train_process(out, *extra, env=None):
-    args = [sys.executable, "-c", RUNNER.format(here=HERE), *KILL_ARGS, f"--out_dir={out}", *extra]
+    args = [sys.executable, "-c", RUNNER.format(here=ROOT), *KILL_ARGS, f"--out_dir={out}", *extra]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -580,7 +548,7 @@ def test_ddp_two_processes_match_one(workdir):
     # the windows that 2 ranks × 2 batches see
     run(*args[len(TINY):], "--eval_iters=4", "--out_dir=out/single")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        os.path.join(HERE, "train.py"), *args, "--out_dir=out/ddp"],
+                        os.path.join(ROOT, "train.py"), *args, "--out_dir=out/ddp"],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -7,7 +7,7 @@ every new token. Cached generation must pick the same tokens from the same logit
 and impl, past block_size (where the cache is rebuilt from the last block_size tokens). No network needed:
 GPT-2 is a random tiny one saved locally and tiktoken's GPT-2 BPE is replaced by a tiny byte-level encoding.
 
-    python -m pytest -q test_generate.py
+    python -m pytest -q tests/test_generate.py
 """
 import types
 

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError
+from support.configurator import ConfigError
 
 
 class RankError(ConfigError):

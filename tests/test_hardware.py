@@ -1,7 +1,7 @@
 """
 Tests for hardware.py: the peak-FLOPs table by GPU name, and keeping freed memory on glibc.
 
-    python -m pytest -q test_hardware.py
+    python -m pytest -q tests/test_hardware.py
 """
 import json
 import os
@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from hardware import peak_flops
+from helpers import ROOT
+from support.hardware import peak_flops
 
 
 @pytest.mark.parametrize("name, flops", [
@@ -32,7 +33,7 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
 # keep_freed_memory() when the argument is "keep". Prints the MiB handed back to the OS.
 HANDED_BACK = """if 1:
     import ctypes, os, sys
-    from hardware import keep_freed_memory
+    from support.hardware import keep_freed_memory
     if sys.argv[1] == "keep":
         assert keep_freed_memory()
     libc = ctypes.CDLL(None)
@@ -60,7 +61,7 @@ def test_keep_freed_memory_keeps_what_is_freed():
     them, or trimming the heap's free top); after keep_freed_memory() it keeps them for the next malloc."""
     def handed_back(setting):
         p = subprocess.run([sys.executable, "-c", HANDED_BACK, setting], capture_output=True, text=True,
-                           check=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+                           check=True, cwd=ROOT)
         return float(p.stdout)
     default, kept = handed_back("default"), handed_back("keep")
     assert default > 120 and kept < 8, (default, kept)  # MiB of the 128 freed
@@ -71,7 +72,7 @@ def test_keep_freed_memory_keeps_what_is_freed():
 PAGE_FAULTS = """if 1:
     import json, resource, torch
     torch.set_num_threads(1)  # on a busy machine two threads waiting on each other made each step ~5x slower
-    from hardware import keep_freed_memory
+    from support.hardware import keep_freed_memory
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=65))
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99))
@@ -103,7 +104,7 @@ def test_keep_freed_memory_stops_the_page_faults_between_training_steps():
     tries = []
     for _ in range(3):
         out = subprocess.run([sys.executable, "-c", PAGE_FAULTS], capture_output=True, text=True, check=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+                             cwd=ROOT).stdout
         faults = json.loads(out)
         tries.append(faults)
         if sum(faults["default"]) >= 4 * (sum(faults["kept"]) + 100):

@@ -3,7 +3,7 @@ Run directories and checkpoints handed to us by someone else: links and special 
 folder that is not a run's, checkpoints built to crash or exhaust memory, a torchrun environment set by hand,
 and settings given on resume. Each must give one line and touch nothing outside the run directory.
 
-    python -m pytest -q test_hostile_run.py
+    python -m pytest -q tests/test_hostile_run.py
 """
 import json
 import os
@@ -15,13 +15,12 @@ import pytest
 import torch
 
 import corridor
-import hardware
-import rundir
+from support import hardware
+from support import rundir
 import sample
 import train
-from configurator import ConfigError, open_regular, read_regular
-from test_bad_inputs import HERE, TINY, one_line_error, train_error
-from test_bad_inputs import finished_run, workdir  # noqa: F401 (fixtures)
+from support.configurator import ConfigError, open_regular, read_regular
+from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, workdir  # noqa: F401 (fixtures)
 
 RESUME = ["--init_from=resume", "--max_iters=4"]
 
@@ -35,7 +34,7 @@ def edit_checkpoint(run, edit):
 def train_process(*args, env=None, timeout=120):
     """train.py in its own process: a crash (a segfault) or a hang must not take the test process with it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *TINY, *args], capture_output=True,
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *QUICK, *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
@@ -78,7 +77,7 @@ def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
 def test_links_planted_where_temporaries_once_were_are_never_written_through(finished_run, name):
     open("victim", "w").write("precious")
     os.symlink(os.path.abspath("victim"), f"{finished_run}/{name}")
-    train.main(TINY + [f"--out_dir={finished_run}", *RESUME])  # temporaries: fresh names, created exclusively
+    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # temporaries: fresh names, created exclusively
     assert open("victim").read() == "precious" and os.path.islink(f"{finished_run}/{name}")
     assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
 
@@ -139,7 +138,7 @@ def test_a_folder_holding_files_no_run_wrote_is_refused_untouched(workdir, files
 
 def test_fine_tuning_into_the_pretrained_folder_is_refused(workdir):
     transformers = pytest.importorskip("transformers")
-    from dataloader import write_shard
+    from support.dataloader import write_shard
     config = transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=2, vocab_size=100)
     hf = transformers.GPT2LMHeadModel(config)
     hf.save_pretrained("tiny-gpt2")
@@ -155,11 +154,11 @@ def test_fine_tuning_into_the_pretrained_folder_is_refused(workdir):
 
 def test_an_empty_folder_and_a_run_killed_while_starting_are_ours(workdir):
     os.makedirs("out/empty")
-    train.main(TINY + ["--out_dir=out/empty"])
+    train.main(QUICK + ["--out_dir=out/empty"])
     os.makedirs("out/killed")
     open("out/killed/lock", "w").write("4242")  # killed between taking the lock and writing its log
     open("out/killed/.ckpt.pt.0123abcd.tmp", "w").write("half")  # killed inside a save
-    train.main(TINY + ["--out_dir=out/killed"])
+    train.main(QUICK + ["--out_dir=out/killed"])
     assert '"event": "done"' in open("out/killed/log.jsonl").read()
     assert not os.path.exists("out/killed/.ckpt.pt.0123abcd.tmp")  # removed under the lock
 
@@ -173,7 +172,7 @@ def test_what_counts_as_a_runs_temporary():
 
 def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
     edit_checkpoint(finished_run, lambda ckpt: ckpt["config"].update(init_from="/gone/tiny-gpt2"))
-    train.main(TINY + [f"--out_dir={finished_run}", *RESUME])
+    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])
     assert json.load(open(f"{finished_run}/config.json"))["init_from"] == "/gone/tiny-gpt2"  # how it began
 
 
@@ -182,7 +181,7 @@ def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
 
 def test_optimizer_settings_given_on_resume_reach_the_optimizer(finished_run, capsys):
     given = ["--weight_decay=0.0", "--beta2=0.5", "--op_lr_scale=10"]
-    train.main(TINY + [f"--out_dir={finished_run}", *RESUME, *given])
+    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME, *given])
     assert ("resumed with settings changed from the checkpoint's: max_iters=4 (was 2), weight_decay=0.0 "
             "(was 0.1), beta2=0.5 (was 0.95), op_lr_scale=10.0 (was 1.0)") in capsys.readouterr().out
     groups = torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
@@ -285,7 +284,7 @@ def test_sample_settings_that_would_overflow(finished_run, arg, words):
 
 def test_a_prompt_file_that_never_ends_is_refused(finished_run):
     os.mkfifo("prompt")
-    p = subprocess.run([sys.executable, os.path.join(HERE, "sample.py"), f"--out_dir={finished_run}",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={finished_run}",
                         "--start=FILE:prompt"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stderr[-2000:]
     assert p.stderr == "error: --start=FILE:prompt: not a regular file (a FIFO or a device); give a text " \
@@ -293,7 +292,7 @@ def test_a_prompt_file_that_never_ends_is_refused(finished_run):
 
 
 def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
-    demo = [sys.executable, os.path.join(HERE, "model.py")]
+    demo = [sys.executable, os.path.join(ROOT, "model.py")]
     p = subprocess.run(demo + ["--op=attention", "--gamma=-0.9"], capture_output=True, text=True)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr == "error: gamma is not a control of op='attention'; drop it or choose an op with a γ\n"

@@ -3,7 +3,7 @@ Hostile data: dataset names that are globs, links and FIFOs where files should b
 from elsewhere, and arguments that are almost right. Each gets one line that names the problem; nothing
 outside the named paths is touched, nothing is lost, nothing hangs or reads until memory runs out.
 
-    python -m pytest -q test_hostile_data.py
+    python -m pytest -q tests/test_hostile_data.py
 """
 import json
 import os
@@ -12,15 +12,14 @@ import re
 import pytest
 import torch
 
-import configurator
-import dataloader as dl
+from support import configurator
+from support import dataloader as dl
 import prepare_data as pd
 import train
-from dataloader import DataError, ShardLoader
+from support.dataloader import DataError, ShardLoader
+from helpers import QUICK
 
 BOOK = "a small book of words, read again and again. " * 40
-TINY = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--eval_iters=1",
-        "--eval_interval=2", "--max_iters=2", "--device=cpu"]
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def one_line(excinfo):
 def train_error(*args):
     """train.py's main must stop with exactly one 'error: ...' line; returns it."""
     with pytest.raises(SystemExit) as e:
-        train.main(TINY + list(args))
+        train.main(QUICK + list(args))
     message = str(e.value.code)
     assert message.startswith("error: ") and "\n" not in message, message
     return message
@@ -326,7 +325,7 @@ def test_a_loader_state_outside_the_data_is_refused(tmp_path, state, words):
 
 def test_resume_from_a_checkpoint_with_an_edited_loader_state_is_one_line(workdir, monkeypatch):
     monkeypatch.setattr(pd, "pydocs_documents", lambda: [BOOK * 5])
-    train.main(TINY + ["--out_dir=out/r"])
+    train.main(QUICK + ["--out_dir=out/r"])
     ckpt = torch.load("out/r/ckpt.pt", weights_only=True)
     ckpt["loader"]["pos"] = 0.5
     torch.save(ckpt, "out/r/ckpt.pt")

@@ -21,8 +21,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from configurator import ConfigError
-from dataloader import DataError
+from support.configurator import ConfigError
+from support.dataloader import DataError
 from prepare_data import get_tokenizer
 
 

@@ -2,7 +2,7 @@
 Tests for --help: every setting of every script is listed with its default and a one-line description, the
 comment beside that default in the source (configurator.comments).
 
-    python -m pytest -q test_help.py
+    python -m pytest -q tests/test_help.py
 """
 import os
 import re
@@ -13,11 +13,12 @@ import pytest
 
 import bench
 import corridor
-import kernel_check
+from support import kernel_check
 import prepare_data
 import sample
 import train
-from configurator import comments
+from helpers import ROOT
+from support.configurator import comments
 
 SCRIPTS = {  # script -> (its settings, how it is asked for --help)
     "train": (train.defaults, lambda: train.parse_config(["--help"])),
@@ -25,7 +26,7 @@ SCRIPTS = {  # script -> (its settings, how it is asked for --help)
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),
     "corridor": (lambda: corridor.OPTIONS, lambda: corridor.main(["--help"])),
     "bench": (lambda: bench.DEFAULTS, lambda: bench.main(["--help"])),
-    "kernel": (lambda: kernel_check.DEFAULTS, lambda: kernel_check.main(["--help"])),  # python kernel.py
+    "kernel": (lambda: kernel_check.DEFAULTS, lambda: kernel_check.main(["--help"])),  # python -m support.kernel_check
 }
 
 
@@ -76,8 +77,7 @@ def test_prepare_data_corpus_help_lists_the_options_it_takes(monkeypatch, capsys
 
 def test_help_of_the_real_command_line():
     """`python train.py --help` itself: the settings' comments are read from the script run as __main__."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    p = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=here)
+    p = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     listed = settings_listed(p.stdout)
     assert listed["out_dir"] == "the run directory: config.json, log.jsonl, ckpt.pt"
