@@ -7,8 +7,8 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
 Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first layer learn
 γ ∈ (−1, 0), the "convex corridor". Per run this prints the losses and where γ and δ ended; over runs, a table
 by val loss and, for runs that differ only in seed, paired statistics against attention (see compare). It
-writes PNG figures, drawn by figures.py (with fixed-γ runs, corridor_curve.png: val loss against γ with
-δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and log.jsonl
+writes PNG figures, drawn by support/figures.py (with fixed-γ runs, corridor_curve.png: val loss against γ
+with δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and log.jsonl
 (see load_run).
 """
 import csv

@@ -338,7 +338,7 @@ def mix_attention(q, k, v, a, b, configs=None):
     On a GPU, support.kernel_check.fused passes the fastest one that passed its float64 check there."""
     _check_inputs(q, k, v, a, b)
     if configs is None and not INTERPRET:
-        raise ValueError("mix_attention: pass configs on a GPU (support.kernel_check.fused picks ones checked "
-                         "against float64 on this device)")
+        raise ValueError("mix_attention: pass configs on a GPU (support.kernel_check.fused picks ones "
+                         "checked against float64 on this device)")
     configs = configs or SMALL
     return _mix_fwd(q, k, v, a, b, list(configs[0]), list(configs[1]))[0]  # (B, H, T, D)

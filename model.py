@@ -10,40 +10,15 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 """
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from support import hardware
 from operators import OPS, Attention, causal_softmax, operator_matrix
-
-# -----------------------------------------------------------------------------
-# Which implementation computes the heads
-
-IMPLS = ("auto", "sdpa", "materialized", "triton")
-
-
-def resolve_impl(impl, op, q, dropout_p):
-    """'auto': the fused Triton kernel on CUDA where it applies (triton installed, head size supported, no
-    attention dropout) and where, at first use on this GPU, it passed its float64 check and beat SDPA +
-    epilogue at this shape (kernel_check.usable); SDPA otherwise. Plain attention gains nothing from it."""
-    if impl != "auto":
-        return impl
-    if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
-        try:
-            from support.kernel_check import usable  # lazy: imports triton
-        except ImportError:
-            return "sdpa"
-        if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once
-            return "triton"
-    return "sdpa"
-
-
-# -----------------------------------------------------------------------------
-# The model
+from support import hardware
+from support.pretrained import gpt2_weights
 
 
 @dataclass
@@ -60,29 +35,8 @@ class GPTConfig:
     impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
-    def __post_init__(self):
-        def bad(key, allowed):
-            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
-        if self.op not in OPS:
-            bad("op", f"choose one of {', '.join(OPS)}")
-        for key, choices in (("impl", IMPLS), ("gelu", ("none", "tanh"))):
-            if getattr(self, key) not in choices:
-                bad(key, f"choose one of {', '.join(choices)}")
-        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
-                bad(key, "it must be a positive integer")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "it must be in [0, 1)")
-        Op = OPS[self.op]
-        for key in self.controls:
-            if key not in Op.controls:
-                has = ", ".join(Op.controls) or "none"
-                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); "
-                                 "drop it or change op")
-        self.controls = {**Op.controls, **self.controls}
-        Op.check(self.n_head, self.controls)
+    def __post_init__(self):  # every value checked (check_config, below the model), the op's controls filled in
+        self.controls = check_config(self)
 
 
 class CausalSelfAttention(nn.Module):
@@ -103,30 +57,31 @@ class CausalSelfAttention(nn.Module):
         return [t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
 
     def forward(self, x, cache=None):
-        """x: (B, T, C). cache, only while generating: a dict of this layer's keys and values of the context.
-        An empty one keeps x's (x is the prompt); a filled one is extended by x, the one new token."""
+        """x: (B, T, C). cache, only while generating: this layer's keys and values of the positions before x,
+        extended here by x's ({} for the prompt; when filled, x is the one new token)."""
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
-        dropout_p = self.dropout if self.training else 0.0
-        if not cache:  # (a cached step always takes SDPA: nothing for impl='auto' to check or time)
-            impl = resolve_impl(self.impl, self.op, q, dropout_p)
-        if cache:  # one new token, whose query may see every cached position: no mask, SDPA for every impl
-            K = cache["k"] = torch.cat((cache["k"], k), dim=2)  # (B, nh, t, hs) the whole context's keys
-            V = cache["v"] = torch.cat((cache["v"], v), dim=2)  # (B, nh, t, hs) and values
-            y = F.scaled_dot_product_attention(q, K, V)  # P·V of the new token: (B, nh, 1, hs)
-            y = self.op(v, y)  # a·v needs only the new token's own value v, never a cached one
-        elif impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
-            from support.kernel_check import fused  # kernel.mix_attention with launch configs checked here
-            y = fused(q, k, v, *self.op.coefficients())
-        elif impl == "materialized":
-            y = operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
-            y = self.op(v, y)  # (a·I + b·P)·V: the one new line
-        if cache == {}:  # the prompt: keep its keys and values for the tokens to come
-            cache.update(k=k, v=v)
+        if cache is None:
+            y = self.heads(q, k, v)  # (B, nh, T, hs)
+        else:  # generating, with SDPA for every impl: the prompt (causal), or one new token (it sees every key)
+            K = torch.cat((cache["k"], k), dim=2) if cache else k  # (B, nh, t, hs) every key so far
+            V = torch.cat((cache["v"], v), dim=2) if cache else v  # (B, nh, t, hs) and value
+            cache.update(k=K, v=V)  # kept for the tokens to come
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own values only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
+
+    def heads(self, q, k, v):
+        """Every head's (a·I + b·P)·V at all T positions, by the implementation impl names (resolve_impl)."""
+        dropout_p = self.dropout if self.training else 0.0
+        impl = resolve_impl(self.impl, self.op, q, dropout_p)
+        if impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
+            from support.kernel_check import fused  # lazy: imports triton; launch configs checked on this GPU
+            return fused(q, k, v, *self.op.coefficients())
+        if impl == "materialized":  # the T×T operator itself: for teaching and tests
+            return operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
+        return self.op(v, y)  # (a·I + b·P)·V: the one new line
 
 
 class MLP(nn.Module):
@@ -296,42 +251,67 @@ class GPT(nn.Module):
         """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op. With
         op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning
         starts from attention and the heads are free to move into the corridor."""
-        if name_or_path not in PRETRAINED and not os.path.isdir(name_or_path):
-            raise ValueError(f"unknown pretrained model {name_or_path!r}: use one of {', '.join(PRETRAINED)} "
-                             "or a local directory saved with transformers' save_pretrained")
-        from transformers import GPT2LMHeadModel  # lazy: only needed here
-        try:
-            hf = GPT2LMHeadModel.from_pretrained(name_or_path)
-        except OSError as e:
-            kind = e.__class__.__name__
-            if os.path.isdir(name_or_path):
-                raise ValueError(f"{name_or_path!r} is not a directory saved with transformers' "
-                                 f"save_pretrained ({kind}: no GPT-2 config.json or weights)") from None
-            raise ValueError(f"could not load {name_or_path!r} from the Hugging Face hub ({kind}); "
-                             "offline, pass a local directory saved with save_pretrained instead") from None
-        c = hf.config
-        config = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
-                           n_head=c.n_head, n_embd=c.n_embd, bias=True, gelu="tanh", op=op,
-                           controls=controls or {}, dropout=dropout, impl=impl)
+        sizes, weights = gpt2_weights(name_or_path)  # checked against config.json before anything is built
+        config = GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {}, dropout=dropout,
+                           impl=impl)
         model = cls(config)
-        sd, sd_hf = model.state_dict(), hf.state_dict()
-        # HF's GPT-2 uses Conv1D modules, whose weights are the transpose of a Linear's
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-        missing = [k for k in sd if k not in sd_hf and ".attn.op." not in k]  # the operators' scalars: ours
-        if missing:
-            raise ValueError(f"{name_or_path!r} is not a GPT-2 checkpoint: it lacks {missing[0]}")
-        for key, w in sd_hf.items():
-            if key not in sd:
-                continue  # e.g. the causal-mask buffers that older transformers versions saved
-            w = w.t() if key.endswith(transposed) else w
-            if w.shape != sd[key].shape:
-                raise ValueError(f"pretrained tensor {key} has shape {tuple(w.shape)}, "
-                                 f"expected {tuple(sd[key].shape)}")
-            sd[key].copy_(w)  # in place: state_dict's tensors share the parameters' storage (detached)
+        model.load_state_dict(weights, strict=False)  # all but the operators' own scalars (and the tied head)
         return model
 
 
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+# -----------------------------------------------------------------------------
+# Which implementation computes the heads
+
+IMPLS = ("auto", "sdpa", "materialized", "triton")
+
+
+def resolve_impl(impl, op, q, dropout_p):
+    """'auto': the fused Triton kernel on CUDA where it applies (triton installed, head size supported, no
+    attention dropout) and where, at first use on this GPU, it passed its float64 check and beat SDPA +
+    epilogue at this shape (kernel_check.usable); SDPA otherwise. Plain attention gains nothing from it."""
+    if impl != "auto":
+        return impl
+    if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
+        try:
+            from support.kernel_check import usable  # lazy: imports triton
+        except ImportError:
+            return "sdpa"
+        if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once
+            return "triton"
+    return "sdpa"
+
+
+# -----------------------------------------------------------------------------
+# Checks of a GPTConfig, run where one is made (a config file, a checkpoint, the command line)
+
+
+def check_config(config):
+    """Raise a ValueError that names the setting and what is allowed; returns the op's controls completed
+    with their defaults."""
+    def bad(key, allowed):
+        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+    if config.op not in OPS:
+        bad("op", f"choose one of {', '.join(OPS)}")
+    for key, choices in (("impl", IMPLS), ("gelu", ("none", "tanh"))):
+        if getattr(config, key) not in choices:
+            bad(key, f"choose one of {', '.join(choices)}")
+    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        if type(getattr(config, key)) is not int or getattr(config, key) < 1:
+            bad(key, "it must be a positive integer")
+    if config.n_embd % config.n_head:
+        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
+    if not 0.0 <= config.dropout < 1.0:
+        bad("dropout", "it must be in [0, 1)")
+    Op = OPS[config.op]
+    for key in config.controls:
+        if key not in Op.controls:
+            has = ", ".join(Op.controls) or "none"
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
+                             "drop it or change op")
+    controls = {**Op.controls, **config.controls}
+    Op.check(config.n_head, controls)
+    return controls
+
 
 # -----------------------------------------------------------------------------
 # Classroom demo: python model.py --op=laplacian

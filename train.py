@@ -8,28 +8,25 @@ Any setting can be overridden on the command line, after the config file (--help
 DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: see the README):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
-A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt, which --init_from=resume continues (see
-rundir.py); with save_every, also ckpt_NNNNNN.pt copies for later analysis.
+A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in train()), which
+--init_from=resume continues; with save_every, also ckpt_NNNNNN.pt copies for later analysis. The checks of
+settings, files and checkpoints live in support/ (settings.py, rundir.py): here each is one call.
 """
-
-import importlib.util
 import math
-import os
 import sys
 import time
-from dataclasses import fields
+from dataclasses import asdict
 
 import torch
 
-from support import hellaswag
-from support.configurator import SEED, ConfigError, at_least, configure, in_range, nonempty, one_of, optional
-from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
-from support.hardware import ddp_env, device_rule, end_process, exit_status, start_process
-from model import GPT, PRETRAINED, GPTConfig
-from operators import OPS, all_controls
+from model import GPT, GPTConfig
 from prepare_data import ensure_prepared, token_bytes
-from support.rundir import (Run, check_same_data, claim_run_dir, load_optimizer_state, model_from_checkpoint,
-                    resume_from_checkpoint, save_checkpoints, start_log, unlock_run_dir, why)
+from support import hellaswag, settings
+from support.configurator import ConfigError
+from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
+from support.hardware import ddp_env, end_process, exit_status, start_process
+from support.rundir import (Run, load_optimizer_state, model_from_checkpoint, save_checkpoint, start_run_dir,
+                            stop_if_not_finite, unlock_run_dir, why)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -70,40 +67,14 @@ device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
 dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a grad scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
-TRAIN_DEFAULTS = {k: v for k, v in globals().items()
-                  if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
-MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
-RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
-
-
-def init_from_rule(key, value):
-    if value not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(value):
-        raise ConfigError(f"{key}={value!r} is not allowed: use scratch, resume, {', '.join(PRETRAINED)} "
-                          "or a local directory saved with transformers' save_pretrained")
-    return value
-
-
-RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
-             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
-             init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
-             batch_size=at_least(1), block_size=at_least(1), op=lambda key, value: one_of(*OPS)(key, value),
-             learning_rate=at_least(0.0), max_iters=at_least(1), weight_decay=at_least(0.0),
-             beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0),
-             warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)), min_lr=at_least(0.0),
-             op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool), seed=SEED,
-             dtype=one_of("auto", "float32", "bfloat16", "float16"))
-
-
-def defaults():
-    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops may come later)."""
-    model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
-    return {**TRAIN_DEFAULTS, **model, **all_controls()}
+DEFAULTS = {k: v for k, v in globals().items()
+            if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
 
 
 def parse_config(argv):
-    """(cfg, given): the settings, and the keys that a config file or the command line set."""
-    help_from = [("", sys.modules[__name__]), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
-    return configure(defaults(), argv, RULES, help_from=help_from)
+    """(cfg, given): the settings (these defaults, GPTConfig's fields, every op's controls) after config files
+    and --key=value, each value checked (support/settings.py); given: the keys that were set."""
+    return settings.parse(DEFAULTS, argv, sys.modules[__name__])
 
 
 def get_lr(it, cfg):
@@ -128,217 +99,180 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, given, meta, ckpt):
-    """The model that init_from asks for. A checkpoint or GPT-2 fixes the architecture: a model setting given
-    explicitly that differs from it is refused, never silently ignored; cfg is then set to what runs."""
-    controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
-    if ckpt is None and cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
+    """The model that init_from asks for: a checkpoint's, GPT-2's weights with the chosen op, or a new one.
+    A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
+    config, controls = settings.model_settings(cfg, given)
+    if ckpt is not None:
+        settings.check_same_data(ckpt, meta, cfg.dataset)
+        model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
+        source = "checkpoint"
+    elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
-                              f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+                             f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout,
                                     impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
-    elif ckpt is not None:
-        model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in RESUME_MAY_CHANGE})
+        source = "pretrained model"
     else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         try:
-            settings = {k: getattr(cfg, k) for k in MODEL_KEYS}
-            model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **settings))
+            model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **config))
         except (TypeError, RuntimeError, MemoryError) as e:  # a model too large for this machine
             raise ConfigError(f"the model cannot be built ({why(e)})") from None
-    built = {**{k: getattr(model.config, k) for k in MODEL_KEYS}, **model.config.controls}
-    source = "checkpoint" if ckpt is not None else "pretrained model"
-    for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
-        if k not in built:
-            raise ConfigError(f"{k} is not a control of the {source}'s op={model.config.op!r}; drop it")
-        if getattr(cfg, k) != built[k]:
-            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model "
-                              "is fixed, drop that setting")
-    for k, v in built.items():
-        setattr(cfg, k, v)
+        source = "new model"
+    settings.adopt_model_settings(cfg, given, model.config, source)
     return model
 
 
-def check_schedule(cfg, world_size):
-    """Settings that only make sense together: checked before any device or file is touched."""
-    if cfg.gradient_accumulation_steps % world_size:
-        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
-                          f"of the number of processes ({world_size})")
-    for k in ("hellaswag_interval", "save_every"):
-        if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
-            raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
-                              f"eval_interval={cfg.eval_interval}: it happens at evaluations")
-    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
-
-
-def prepare(cfg, master, ddp):
+def prepare(cfg, run):
     """The dataset's directory and meta: prepared once by the master while the others wait."""
-    if master:
+    if run.master:
         ensure_prepared(cfg.dataset)
-    if ddp:
+    if run.ddp:
         torch.distributed.barrier()
     data_dir = ensure_prepared(cfg.dataset)
     return data_dir, load_meta(data_dir)
 
 
-def stop_if_not_finite(run, what, value):
-    if math.isfinite(value):
-        return
-    last = "no checkpoint was written"
-    if os.path.exists(run.ckpt_path):
-        last = f"the last good checkpoint {run.ckpt_path} is untouched"
-    raise FloatingPointError(f"{what} became {value} at iter {run.iter_num}; stopping ({last}). "
-                             "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+class Evaluation:
+    """What is evaluated at every eval_interval, printed and logged:
+    - the val loss: the mean over the fixed val set (support/dataloader.py's ValSet: the same tokens on every
+      machine, for every seed, batch size and number of processes), every rank's share summed; also in bits
+      per byte, which compares models with different tokenizers;
+    - the train loss: the mean of the same eval_iters sampled batches every time (the split is too large to
+      read whole), over the ranks;
+    - HellaSwag's acc_norm, every hellaswag_interval and at the end;
+    - every head's (γ, δ)."""
+
+    def __init__(self, cfg, run, data_dir, meta, vocab_size):
+        self.cfg, self.run = cfg, run
+        where = (run.rank, run.world_size, vocab_size)
+        self.val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, *where)
+        self.train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, *where, cfg.seed)
+        try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
+            self.val_bytes = int(token_bytes(meta)[self.val_set.tokens[1:]].sum())
+        except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
+            self.val_bytes = None
+            run.say(f"note: no bits per byte in this run: {e}")
+        self.hellaswag = None  # HellaSwag's examples as token rows
+        if cfg.hellaswag_interval:
+            self.hellaswag = hellaswag.render_all(meta, cfg.dataset, cfg.block_size)
+
+    @torch.no_grad()
+    def losses(self, model):
+        cfg, run = self.cfg, self.run
+        model.eval()
+        val_sum = 0.0
+        for x, y in self.val_set.batches(cfg.batch_size):
+            with run.ctx:
+                val_sum += model(x.to(run.dev), y.to(run.dev))[1].item() * y.numel()  # (the batch's mean)
+        train_sum = torch.zeros((), device=run.dev)
+        self.train_batches.reset()  # the same batches at every evaluation
+        for _ in range(cfg.eval_iters):
+            with run.ctx:
+                train_sum += model(*self.train_batches.next_batch(run.dev))[1].float()
+        model.train()
+        sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64,
+                            device=run.dev if run.ddp else "cpu")
+        if run.ddp:
+            torch.distributed.all_reduce(sums)
+        val_total, train_total = sums.tolist()
+        return val_total / self.val_set.count, train_total / (cfg.eval_iters * run.world_size)
+
+    def __call__(self, model, iter_num, tokens):
+        """Evaluate, print and log; returns the val loss."""
+        cfg, run = self.cfg, self.run
+        val_loss, train_loss = self.losses(model)
+        record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": train_loss,
+                  "val_loss": val_loss, "val_tokens": self.val_set.count}
+        line = f"step {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}"
+        if self.val_bytes:  # nats per token -> bits per byte
+            record["val_bpb"] = val_loss / math.log(2) * self.val_set.count / self.val_bytes
+            line += f" ({record['val_bpb']:.4f} bits/byte)"
+        due = cfg.eval_only or iter_num == cfg.max_iters
+        if self.hellaswag is not None and (due or iter_num % cfg.hellaswag_interval == 0):
+            record["hellaswag"] = hellaswag.score(model, self.hellaswag, cfg.batch_size, run.dev, run.rank,
+                                                  run.world_size, run.ctx)
+            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(self.hellaswag):,} examples)"
+        gamma, delta = model.gamma_delta()
+        run.say(f"{line} | {corridor_summary(gamma, delta)}")
+        run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
+        stop_if_not_finite("the validation loss", val_loss, iter_num, cfg.out_dir)
+        return val_loss
 
 
-@torch.no_grad()
-def estimate_loss(run, model, val_set, eval_loader):
-    """The val loss: the mean over the fixed val set (dataloader.ValSet: the same tokens on every machine, for
-    every seed, batch size and number of processes), every rank's share summed. The train loss: the mean of
-    the same eval_iters sampled batches every time (the split is too large to read whole) over the ranks."""
-    cfg, dev = run.cfg, run.dev
-    model.eval()
-    val_sum = 0.0
-    for x, y in val_set.batches(cfg.batch_size):
-        with run.ctx:
-            val_sum += model(x.to(dev), y.to(dev))[1].item() * y.numel()  # the loss: the batch's mean
-    train_sum = torch.zeros((), device=dev)
-    eval_loader.reset()  # the same batches at every evaluation
-    for _ in range(cfg.eval_iters):
-        with run.ctx:
-            train_sum += model(*eval_loader.next_batch(dev))[1].float()
-    model.train()
-    sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64, device=dev if run.ddp else "cpu")
-    if run.ddp:
-        torch.distributed.all_reduce(sums)
-    val_total, train_total = sums.tolist()
-    return {"val": val_total / val_set.count, "train": train_total / (cfg.eval_iters * run.world_size)}
-
-
-def evaluate(run, model, val_set, eval_loader, val_bytes, rendered):
-    """Losses, bits per byte, HellaSwag when due, every head's (γ, δ), printed and logged: the val loss."""
-    cfg = run.cfg
-    losses = estimate_loss(run, model, val_set, eval_loader)
-    record = {"event": "eval", "iter": run.iter_num, "tokens": run.tokens, "train_loss": losses["train"],
-              "val_loss": losses["val"], "val_tokens": val_set.count}
-    line = f"step {run.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-    if val_bytes:  # nats per token -> bits per byte
-        record["val_bpb"] = losses["val"] / math.log(2) * val_set.count / val_bytes
-        line += f" ({record['val_bpb']:.4f} bits/byte)"
-    hellaswag_due = cfg.eval_only or run.iter_num == cfg.max_iters
-    if rendered is not None and (hellaswag_due or run.iter_num % cfg.hellaswag_interval == 0):
-        record["hellaswag"] = hellaswag.score(model, rendered, cfg.batch_size, run.dev, run.rank,
-                                              run.world_size, run.ctx)
-        line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(rendered):,} examples)"
-    gamma, delta = model.gamma_delta()
-    run.say(f"{line} | {corridor_summary(gamma, delta)}")
-    run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
-    stop_if_not_finite(run, "the validation loss", losses["val"])
-    return losses["val"]
-
-
-def log_train(run, loss, grad_norm, lr, dt_iter, mfu, tokens_per_iter):
+def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens_per_iter):
     """The console line and log record of a training step; loss and grad_norm are read here."""
+    mfu = model.estimate_mfu(tokens_per_iter // (run.world_size * run.cfg.block_size), dt_iter)  # B·micro-steps
     lossf = loss.item()  # a sync with the device: only every log_interval
-    stop_if_not_finite(run, "the training loss", lossf)
+    stop_if_not_finite("the training loss", lossf, iter_num, run.cfg.out_dir)
     grad_normf = grad_norm.item()  # this iteration's, before clipping
-    line = (f"iter {run.iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
+    line = (f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
             f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s")
     if mfu:
         line += f", mfu {mfu * 100:.1f}%"
     run.say(line)
-    run.log({"event": "train", "iter": run.iter_num, "tokens": run.tokens, "loss": lossf,
-             "grad_norm": grad_normf, "lr": lr, "ms_per_iter": dt_iter * 1000,
-             "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+    run.log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf,
+             "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
 
 def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, processes, device, data, model ---------------------------------
+    # --- set-up: the checkpoint to continue, processes, device, data, model, optimizer ----------------------
     rank, local_rank, world_size = ddp_env()
-    ddp = local_rank is not None  # started by torchrun
-    ckpt, changed = resume_from_checkpoint(cfg, given, defaults(), RULES)
-    check_schedule(cfg, world_size)
-    dev, device_type, dt, ctx = start_process(cfg, local_rank)
-    run = Run(cfg, rank, world_size, ddp, dev, ctx)
-    grad_accum = cfg.gradient_accumulation_steps // world_size
+    ckpt, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS)  # None: a new run
+    settings.check_schedule(cfg, world_size)
+    run = Run(cfg, rank, world_size, local_rank, *start_process(cfg, local_rank))  # device, dtype, autocast
+    grad_accum = max(1, cfg.gradient_accumulation_steps // world_size)  # micro-steps of this process
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
-    data_dir, meta = prepare(cfg, run.master, ddp)
-    model = build_model(cfg, given, meta, ckpt).to(dev)
-    check_same_data(ckpt, meta, cfg.dataset)
+    data_dir, meta = prepare(cfg, run)
+    model = build_model(cfg, given, meta, ckpt).to(run.dev)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
-    loader_args = (cfg.batch_size, cfg.block_size, rank, world_size, model.config.vocab_size, cfg.seed)
-    train_loader = ShardLoader(data_dir, "train", *loader_args)
-    eval_loader = ShardLoader(data_dir, "train", *loader_args)
-    val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, rank, world_size, model.config.vocab_size)
-    try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts, counted once
-        val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
-    except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
-        val_bytes = None
-        run.say(f"note: no bits per byte in this run: {e}")
-    rendered = None  # HellaSwag's examples as token rows
-    if cfg.hellaswag_interval:
-        rendered = hellaswag.render_all(meta, cfg.dataset, cfg.block_size)
-    resuming = ckpt is not None
-    if resuming:
+    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, rank, world_size,
+                               model.config.vocab_size, cfg.seed)
+    evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
+    iter_num, tokens, best_val_loss = 0, 0, float("inf")  # the loop's counters
+    if ckpt is not None:
+        iter_num, tokens, best_val_loss = ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
         load_optimizer_state(optimizer, ckpt)
-        run.iter_num, run.best_val_loss, run.tokens = ckpt["iter_num"], ckpt["best_val_loss"], ckpt["tokens"]
         train_loader.load_state_dict(ckpt["loader"])
-        ckpt = None  # free the memory
-    if run.writes:
-        claim_run_dir(cfg.out_dir, resuming)
-    start_iter, raw_model = run.iter_num, model
-    scaler = torch.amp.GradScaler(device_type, enabled=(dt == "float16"))
-    if cfg.compile or (cfg.compile is None and device_type == "cuda"):  # None: on for CUDA, off elsewhere
-        run.say("compiling the model... (takes a minute)")
-        model = torch.compile(model)
-    if ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
-
-    # --- logging --------------------------------------------------------------------------------------------
-    if run.writes:
-        start_log(run, dt, resuming)
-    run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
-    if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
-        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
-    run.say(f"device {dev}, dtype {dt}, {world_size} process(es), {tokens_per_iter:,} tokens per iteration, "
-            f"{raw_model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
-        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
-                "(context-free token frequencies)")
+    start_iter, resuming, ckpt = iter_num, ckpt is not None, None  # (free the checkpoint's memory)
+    if run.writes:  # this process owns out_dir from here on: its lock, log.jsonl and config.json
+        start_run_dir(run, iter_num if resuming else None)
+    say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta)
+    raw_model, model = model, compiled_and_wrapped(model, cfg, run)
+    scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
 
     # --- the training loop ----------------------------------------------------------------------------------
-    if not cfg.eval_only:  # untimed warm-up: torch.compile compiles, impl='auto' checks and times the kernel
-        zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=dev)
-        with ctx:  # one forward and backward; its gradients are dropped, so no weight changes
-            model(zeros, zeros)[1].backward()
-        optimizer.zero_grad(set_to_none=True)
-    t0, iter0 = time.time(), run.iter_num
+    t0, iter0 = time.time(), iter_num
     while True:
-        due = run.iter_num % cfg.eval_interval == 0 or run.iter_num == cfg.max_iters
-        not_saved_yet = run.iter_num > start_iter or run.iter_num == 0  # a resumed run was evaluated before
-        if cfg.eval_only or (due and not_saved_yet):
-            val_loss = evaluate(run, raw_model, val_set, eval_loader, val_bytes, rendered)
-            if run.writes and run.iter_num > 0:
-                save_checkpoints(run, raw_model, optimizer, train_loader, meta, val_loss)
-            t0, iter0 = time.time(), run.iter_num  # keep evaluation out of the speed measurement
-        if run.iter_num >= cfg.max_iters or cfg.eval_only:
+        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
+        if cfg.eval_only or (due and (iter_num > start_iter or iter_num == 0)):  # resumed: evaluated before
+            val_loss = evaluate(raw_model, iter_num, tokens)
+            if run.writes and iter_num > 0:
+                latest = val_loss < best_val_loss or cfg.always_save_checkpoint
+                best_val_loss = min(best_val_loss, val_loss)
+                checkpoint = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "model_args": asdict(raw_model.config), "iter_num": iter_num,
+                              "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
+                              "loader": train_loader.state_dict(), "meta": meta}
+                save_checkpoint(run, checkpoint, latest)  # ckpt.pt if latest; ckpt_NNNNNN.pt by save_every
+            t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
+        if iter_num >= cfg.max_iters or cfg.eval_only:
             break
-        lr = get_lr(run.iter_num, cfg)
+        lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
-        torch.manual_seed(cfg.seed + 1000003 * run.iter_num + rank)
+        torch.manual_seed(cfg.seed + 1000003 * iter_num + rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
-            if ddp:  # sync gradients only at the last micro-step
+            if run.ddp:  # sync gradients only at the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
-            with ctx:
-                loss = model(*train_loader.next_batch(dev))[1] / grad_accum  # the mean over all micro-steps
+            with run.ctx:
+                loss = model(*train_loader.next_batch(run.dev))[1] / grad_accum  # the mean over micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
@@ -348,23 +282,51 @@ def train(cfg, given=frozenset()):
         scaler.update()
         raw_model.project()  # e.g. γ ≥ gamma_min
         optimizer.zero_grad(set_to_none=True)
-        run.iter_num, run.tokens = run.iter_num + 1, run.tokens + tokens_per_iter
-        if run.iter_num % cfg.log_interval == 0 or run.iter_num == cfg.max_iters:
-            dt_iter = (time.time() - t0) / (run.iter_num - iter0)
-            mfu = raw_model.estimate_mfu(cfg.batch_size * grad_accum, dt_iter)
-            log_train(run, loss_sum, grad_norm, lr, dt_iter, mfu, tokens_per_iter)
-            t0, iter0 = time.time(), run.iter_num
+        iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
+        if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
+            dt_iter = (time.time() - t0) / (iter_num - iter0)
+            log_train(run, raw_model, iter_num, tokens, loss_sum, grad_norm, lr, dt_iter, tokens_per_iter)
+            t0, iter0 = time.time(), iter_num
 
     # --- the end --------------------------------------------------------------------------------------------
     gamma, delta = raw_model.gamma_delta()
     torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
-    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}")
-    run.say(corridor_summary(gamma, delta))
+    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
+            + corridor_summary(gamma, delta))
     if run.writes:
-        run.log({"event": "done", "iter": run.iter_num, "best_val_loss": run.best_val_loss})
+        run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
         unlock_run_dir(cfg.out_dir)
-    end_process(ddp)
+    end_process(run.ddp)
     return raw_model
+
+
+def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
+    cfg = run.cfg
+    run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
+    if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
+        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
+    run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), "
+            f"{tokens_per_iter:,} tokens per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
+    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
+        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
+                "(context-free token frequencies)")
+
+
+def compiled_and_wrapped(model, cfg, run):
+    """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
+    gradients are dropped (no weight changes): compilation and impl='auto''s kernel check happen here."""
+    if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
+        run.say("compiling the model... (takes a minute)")
+        model = torch.compile(model)
+    if run.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
+    if not cfg.eval_only:
+        zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
+        with run.ctx:
+            model(zeros, zeros)[1].backward()
+        model.zero_grad(set_to_none=True)
+    return model
 
 
 def main(argv=None):

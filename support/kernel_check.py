@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 if __name__ == "__main__" and not torch.cuda.is_available():  # the gate on a CPU: the Triton interpreter,
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # which must be chosen before kernel.py defines its kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # chosen before kernel.py defines its kernels
 
 import triton
 from triton.testing import do_bench

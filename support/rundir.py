@@ -4,29 +4,29 @@ A run directory, as train.py writes it and sample.py and corridor.py read it:
     config.json   the settings that ran
     log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr,
                   speed), eval (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
-    ckpt.pt       model, optimizer, settings, iteration, loader position and the dataset's meta
+    ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
-train.py claims a directory (claim_run_dir), resumes from its checkpoint (resume_from_checkpoint) and keeps
-its loop's state in a Run, whose log and checkpoints start_log and save_checkpoints write.
+train.py claims a directory and starts its log (start_run_dir), saves checkpoints (save_checkpoint) and loads
+them (load_checkpoint, model_from_checkpoint, load_optimizer_state), each checked before use.
 
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
 one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
 opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
 """
 import json
+import math
 import os
 import re
 import stat
 import subprocess
 import zipfile
-from dataclasses import asdict
 
 import filelock
 import torch
 
-from support.configurator import ConfigError, check, nonempty, open_regular, read_regular, refuse_unless_regular
+from support.configurator import ConfigError, open_regular, read_regular, refuse_unless_regular
 from support.dataloader import check_meta
 from model import GPT, GPTConfig
 
@@ -238,36 +238,6 @@ def load_checkpoint(path):
     return ckpt
 
 
-def resume_from_checkpoint(cfg, given, defaults, rules):
-    """(ckpt, changed): the checkpoint in out_dir when this run continues it (init_from=resume) or evaluates
-    it (eval_only with no other model), else None. A resumed run keeps its settings, checked again by rules,
-    and how it began, except the settings given now: those are changed, and said in changed."""
-    if not (cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")):
-        return None, []
-    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-    rules = {**rules, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
-    changed = []
-    for k, v in ckpt["config"].items():
-        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
-            continue
-        if k == "init_from" or k not in given:
-            setattr(cfg, k, check(k, v, defaults, rules))
-        elif getattr(cfg, k) != v:
-            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
-    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
-        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
-                          "raise --max_iters to train on")
-    return ckpt, changed
-
-
-def check_same_data(ckpt, meta, dataset):
-    """A resumed run reads data of the tokenizer and vocabulary it was trained with (ckpt None: a new run)."""
-    keys = ("tokenizer", "vocab_size", "chars")
-    if ckpt is not None and any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
-        raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
-                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
-
-
 def why(e):
     """An exception in a few words: its type and the first line of its message."""
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
@@ -427,19 +397,19 @@ def wandb_numbers(record):
 
 
 # -----------------------------------------------------------------------------
-# the run as train.py's loop sees it: its state, and what it writes into its directory
+# this process's part of a run, as train.py's loop sees it, and what it writes into the run directory
 
 class Run:
-    """What train.py's loop and its helpers share: the settings, this process's place, the device, the run's
-    counters, and its log (say prints on the master; log writes log.jsonl once start_log has opened it)."""
+    """The settings, this process's place among the DDP processes (local_rank: None outside torchrun), its
+    device, dtype and autocast context, and its output: say prints on the master; log writes log.jsonl once
+    start_run_dir has opened it."""
 
-    def __init__(self, cfg, rank, world_size, ddp, dev, ctx):
-        self.cfg, self.rank, self.world_size, self.ddp = cfg, rank, world_size, ddp
-        self.dev, self.ctx = dev, ctx
+    def __init__(self, cfg, rank, world_size, local_rank, dev, device_type, dtype, ctx):
+        self.cfg, self.rank, self.world_size, self.local_rank = cfg, rank, world_size, local_rank
+        self.dev, self.device_type, self.dtype, self.ctx = dev, device_type, dtype, ctx
+        self.ddp = local_rank is not None  # started by torchrun
         self.master = rank == 0  # only the master prints
         self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
-        self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-        self.iter_num, self.best_val_loss, self.tokens = 0, float("inf"), 0
         self.run_log = None
 
     def say(self, *args):
@@ -451,32 +421,39 @@ class Run:
             self.run_log.write(record)
 
 
-def start_log(run, dt, resuming):
-    """The log first: a config.json without a log is not a run's (see check_run_dir)."""
+def start_run_dir(run, resume_iter):
+    """Claim out_dir (claim_run_dir), then start its log, then write config.json: a config.json without a log
+    is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when resuming, else None."""
     cfg = run.cfg
+    claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = None
     if cfg.wandb_log:
         wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
-    run.run_log = RunLog(cfg.out_dir, resume_iter=run.iter_num if resuming else None, wandb_run=wandb_run)
+    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run)
     settings = json.dumps(vars(cfg), indent=1)
     atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
-    run.log({"event": "start", "iter": run.iter_num, "commit": git_commit(), "torch": torch.__version__,
-             "device": run.dev, "dtype": dt, "world_size": run.world_size})
+    run.log({"event": "start", "iter": resume_iter or 0, "commit": git_commit(), "torch": torch.__version__,
+             "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
 
 
-def save_checkpoints(run, model, optimizer, train_loader, meta, val_loss):
-    """ckpt.pt if the val loss improved (or always_save_checkpoint); ckpt_NNNNNN.pt when save_every's due."""
-    cfg = run.cfg
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "model_args": asdict(model.config), "iter_num": run.iter_num,
-             "best_val_loss": min(run.best_val_loss, val_loss), "tokens": run.tokens, "config": vars(cfg),
-             "loader": train_loader.state_dict(), "meta": meta}
-    paths = []
-    if val_loss < run.best_val_loss or cfg.always_save_checkpoint:
-        run.best_val_loss = state["best_val_loss"]
-        paths.append(run.ckpt_path)
-    if cfg.save_every and run.iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-        paths.append(os.path.join(cfg.out_dir, f"ckpt_{run.iter_num:06d}.pt"))
+def save_checkpoint(run, checkpoint, latest):
+    """checkpoint (train.py's dict) as ckpt.pt when latest, and as ckpt_NNNNNN.pt when save_every is due."""
+    cfg, iter_num = run.cfg, checkpoint["iter_num"]
+    paths = [os.path.join(cfg.out_dir, "ckpt.pt")] if latest else []
+    if cfg.save_every and iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
+        paths.append(os.path.join(cfg.out_dir, f"ckpt_{iter_num:06d}.pt"))
     for path in paths:
-        atomic_write(path, lambda f: torch.save(state, f))
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
         run.say(f"saved checkpoint to {path}")
+
+
+def stop_if_not_finite(what, value, iter_num, out_dir):
+    """A loss that is NaN or inf stops the run, before anything is saved from it."""
+    if math.isfinite(value):
+        return
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    last = "no checkpoint was written"
+    if os.path.exists(ckpt_path):
+        last = f"the last good checkpoint {ckpt_path} is untouched"
+    raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
+                             "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import corridor
+import support
 from helpers import ROOT
 
 # final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are
@@ -794,7 +795,8 @@ def test_val_loss_figure_by_iteration_when_a_log_has_no_tokens(tmp_path):
 
 def test_without_matplotlib_tables_and_csv_still_come(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    monkeypatch.delitem(sys.modules, "figures", raising=False)  # so the next import of figures.py tries it
+    monkeypatch.delitem(sys.modules, "support.figures", raising=False)  # so the next import of figures.py
+    monkeypatch.delattr(support, "figures", raising=False)  # tries it (not the package's attribute)
     d, csv = make_run(tmp_path, "mix_s0"), tmp_path / "runs.csv"
     assert corridor.main([d, f"--csv={csv}"]) == 0
     captured = capsys.readouterr()

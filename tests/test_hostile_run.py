@@ -34,8 +34,8 @@ def edit_checkpoint(run, edit):
 def train_process(*args, env=None, timeout=120):
     """train.py in its own process: a crash (a segfault) or a hang must not take the test process with it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *QUICK, *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *QUICK, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def assert_one_line(p, words):
@@ -77,7 +77,7 @@ def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
 def test_links_planted_where_temporaries_once_were_are_never_written_through(finished_run, name):
     open("victim", "w").write("precious")
     os.symlink(os.path.abspath("victim"), f"{finished_run}/{name}")
-    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # temporaries: fresh names, created exclusively
+    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # temporaries: fresh names, made exclusively
     assert open("victim").read() == "precious" and os.path.islink(f"{finished_run}/{name}")
     assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
 

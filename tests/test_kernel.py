@@ -509,7 +509,7 @@ def test_sdpa_backend_is_named():
 
 
 # -----------------------------------------------------------------------------
-# Training steps with the fused kernel against SDPA: GPT-2 small on a GPU (part of the gate), a tiny model here
+# Training steps with the fused kernel against SDPA: GPT-2 small on a GPU (in the gate), a tiny model here
 
 def compare_gpt2(steps, batch_size=4, device="cuda", dtypes=(torch.bfloat16, torch.float16), **model_args):
     """GPT-2 small (124M; model_args change it), op=mix, from the same weights on the same batch: impl=triton

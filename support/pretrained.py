@@ -1,0 +1,151 @@
+"""
+OpenAI's GPT-2 weights for GPT.from_pretrained: a hub name (gpt2 .. gpt2-xl, downloaded once into the hub's
+cache) or a local folder saved with transformers' save_pretrained. Both are read as config.json and
+model.safetensors (or its shards) and checked before any model is built:
+
+- config.json: a GPT-2 config (model_type "gpt2", GPT-2's GELU and MLP) with sizes in range;
+- the weights: exactly the tensors GPT-2 of that config has, by name and shape, floating point and finite.
+
+safetensors files hold only tensors, so no pickled code ever runs: a folder with only pytorch_model.bin is
+refused. Every refusal is one ValueError that names the file and says what to do.
+"""
+import contextlib
+import json
+import os
+import re
+
+import torch
+from safetensors import safe_open
+
+from support.configurator import ConfigError, read_regular, refuse_unless_regular
+
+PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
+         "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")  # old masks; the tied head
+SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
+
+
+def gpt2_weights(name_or_path):
+    """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a state dict in
+    this project's names and layouts (HF's Conv1D weights transposed to Linear's), every tensor checked."""
+    if os.path.isdir(name_or_path):
+        config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
+        files = weight_files(name_or_path)
+    elif name_or_path in PRETRAINED:
+        config_path, weights_path = download(name_or_path)
+        config, files = read_config(config_path, name_or_path), [weights_path]
+    else:
+        raise ConfigError(f"unknown pretrained model {name_or_path!r}: use one of {', '.join(PRETRAINED)} "
+                          "or a local directory saved with transformers' save_pretrained")
+    C, L = config["n_embd"], config["n_layer"]
+    shapes = {"wte.weight": (config["vocab_size"], C), "wpe.weight": (config["n_positions"], C),
+              "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    block = {"ln_1.weight": (C,), "ln_1.bias": (C,), "attn.c_attn.weight": (C, 3 * C),
+             "attn.c_attn.bias": (3 * C,), "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+             "ln_2.weight": (C,), "ln_2.bias": (C,), "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
+             "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
+    with contextlib.ExitStack() as stack:
+        found = {}  # GPT-2's name (without "transformer.") -> (the open file, the name in it, its path)
+        for path in files:
+            try:
+                f = stack.enter_context(safe_open(path, framework="pt"))
+            except Exception as e:  # safetensors' SafetensorError: empty, truncated, not safetensors
+                raise ConfigError(f"{path} cannot be read as safetensors ({type(e).__name__}): it is corrupt "
+                                  f"or incomplete; {SAVE_AGAIN}") from None
+            for key in f.keys():
+                name = key.removeprefix("transformer.")
+                if not IGNORED.fullmatch(name):
+                    found[name] = (f, key, path)
+        layers = {n.split(".")[1] for n in found if re.match(r"h\.\d+\.", n)}
+        if len(layers) != L:  # before the expected names are listed: config.json may claim a million layers
+            raise ConfigError(f"{name_or_path}: config.json says n_layer={L} but the weights hold "
+                              f"{len(layers)} layers; {SAVE_AGAIN}")
+        shapes.update({f"h.{i}.{k}": s for i in range(L) for k, s in block.items()})
+        for name in sorted(set(shapes) | set(found)):
+            if name not in found:
+                raise ConfigError(f"{name_or_path}: the weights lack {name}; not a whole GPT-2: {SAVE_AGAIN}")
+            f, key, path = found[name]
+            if name not in shapes:
+                raise ConfigError(f"{path}: unexpected tensor {key}, not GPT-2's; {SAVE_AGAIN}")
+            if tuple(f.get_slice(key).get_shape()) != shapes[name]:
+                raise ConfigError(f"{path}: {key} has shape {tuple(f.get_slice(key).get_shape())} but "
+                                  f"config.json implies {shapes[name]}; {SAVE_AGAIN}")
+        weights = {}
+        for name, (f, key, path) in found.items():
+            w = f.get_tensor(key)
+            if not w.is_floating_point() or not torch.isfinite(w).all():
+                raise ConfigError(f"{path}: {key} is not finite floating-point numbers; {SAVE_AGAIN}")
+            weights["transformer." + name] = w.t() if name.endswith(CONV1D) else w
+    sizes = dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
+                 n_head=config["n_head"], n_embd=C)
+    return sizes, weights
+
+
+def download(name):
+    """The paths of the hub's config.json and model.safetensors in its cache (links there, resolved)."""
+    import huggingface_hub  # lazy: only for the hub names
+    try:
+        paths = [huggingface_hub.hf_hub_download(repo_id=name, filename=f)
+                 for f in ("config.json", "model.safetensors")]
+    except Exception as e:  # offline, no such file, a broken connection: the hub's own error classes
+        raise ConfigError(f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}); offline, "
+                          "pass a local directory saved with save_pretrained instead") from None
+    return [os.path.realpath(p) for p in paths]
+
+
+def read_config(path, source):
+    if not os.path.lexists(path):
+        raise ConfigError(f"{source!r} is not a directory saved with transformers' save_pretrained "
+                          "(no config.json): pass a GPT-2 folder or a hub name such as gpt2")
+    try:
+        config = json.loads(read_regular(path, 1 << 20))  # a config.json is a few kB
+    except ConfigError:
+        raise
+    except ValueError as e:  # not JSON, not UTF-8
+        raise ConfigError(f"{path} is not JSON ({type(e).__name__}); {SAVE_AGAIN}") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind != "gpt2":
+        raise ConfigError(f"{path} describes model_type {kind!r}, not 'gpt2': init_from takes GPT-2 only")
+    for key, most in SIZES.items():
+        value = config.get(key)
+        if type(value) is not int or not 1 <= value <= most:
+            raise ConfigError(f"{path}: {key}={value!r} must be a whole number in [1, {most}]; {SAVE_AGAIN}")
+    if config["n_embd"] % config["n_head"]:
+        raise ConfigError(f"{path}: n_embd={config['n_embd']} is not divisible by n_head={config['n_head']}")
+    mlp = config.get("n_inner") in (None, 4 * config["n_embd"])
+    if not mlp or config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ConfigError(f"{path}: this GPT has GPT-2's MLP only (n_inner = 4·n_embd, the tanh GELU)")
+    return config
+
+
+def weight_files(folder):
+    """model.safetensors, or the shards its index names; a folder with only pickled weights is refused."""
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.lexists(single):
+        files = [single]
+    elif os.path.lexists(index):
+        try:
+            names = sorted(set(json.loads(read_regular(index, 1 << 24))["weight_map"].values()))
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map); "
+                              f"{SAVE_AGAIN}") from None
+        plain = [isinstance(n, str) and n == os.path.basename(n) and n.endswith(".safetensors") for n in names]
+        if not all(plain):
+            raise ConfigError(f"{index} names files outside its folder or not .safetensors; {SAVE_AGAIN}")
+        files = [os.path.join(folder, n) for n in names]
+    elif any(os.path.lexists(os.path.join(folder, n)) for n in ("pytorch_model.bin", "tf_model.h5")):
+        raise ConfigError(f"{folder} holds only pickled (or TensorFlow) weights, which can run code when "
+                          f"read; {SAVE_AGAIN}")
+    else:
+        raise ConfigError(f"{folder!r} is not a directory saved with transformers' save_pretrained "
+                          "(no model.safetensors)")
+    for path in files:
+        refuse_unless_regular(path)  # a link, a FIFO or a device: never read
+        if not os.path.exists(path):
+            raise ConfigError(f"{path} is missing; {SAVE_AGAIN}")
+    return files

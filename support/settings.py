@@ -1,0 +1,112 @@
+"""
+train.py's settings beyond their defaults: the rule each value must pass, the settings that only make sense
+together, what a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained
+model fixes. train.py calls each once, at its edges; every refusal is one line that says what to do.
+"""
+import importlib.util
+import os
+from dataclasses import fields
+
+from model import GPTConfig
+from operators import OPS, all_controls
+from support.configurator import (SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of,
+                                  optional)
+from support.hardware import device_rule
+from support.pretrained import PRETRAINED
+from support.rundir import load_checkpoint
+
+MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
+RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
+
+
+def init_from_rule(key, value):
+    if value not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(value):
+        raise ConfigError(f"{key}={value!r} is not allowed: use scratch, resume, {', '.join(PRETRAINED)} "
+                          "or a local directory saved with transformers' save_pretrained")
+    return value
+
+
+RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
+             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
+             init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
+             batch_size=at_least(1), block_size=at_least(1), op=lambda key, value: one_of(*OPS)(key, value),
+             learning_rate=at_least(0.0), max_iters=at_least(1), weight_decay=at_least(0.0),
+             beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0),
+             warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)), min_lr=at_least(0.0),
+             op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool), seed=SEED,
+             dtype=one_of("auto", "float32", "bfloat16", "float16"))
+
+
+def defaults(train_defaults):
+    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops may come later)."""
+    model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
+    return {**train_defaults, **model, **all_controls()}
+
+
+def parse(train_defaults, argv, script):
+    """(cfg, given): the settings, and the keys that a config file or the command line set."""
+    help_from = [("", script), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
+    return configure(defaults(train_defaults), argv, RULES, help_from=help_from)
+
+
+def check_schedule(cfg, world_size):
+    """Settings that only make sense together: checked before any device or file is touched."""
+    if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
+        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
+                          f"of the number of processes ({world_size})")
+    for k in ("hellaswag_interval", "save_every"):
+        if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
+            raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
+                              f"eval_interval={cfg.eval_interval}: it happens at evaluations")
+    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
+
+
+def resume_from_checkpoint(cfg, given, train_defaults):
+    """(ckpt, changed): the checkpoint in out_dir when this run continues it (init_from=resume) or evaluates
+    it (eval_only with no other model), else None. A resumed run keeps its settings, checked again by the
+    rules, and how it began, except the settings given now: those are changed, and said in changed."""
+    if not (cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")):
+        return None, []
+    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+    rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
+    everything, changed = defaults(train_defaults), []
+    for k, v in ckpt["config"].items():
+        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
+            continue
+        if k == "init_from" or k not in given:
+            setattr(cfg, k, check(k, v, everything, rules))
+        elif getattr(cfg, k) != v:
+            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
+    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                          "raise --max_iters to train on")
+    return ckpt, changed
+
+
+def check_same_data(ckpt, meta, dataset):
+    """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
+    keys = ("tokenizer", "vocab_size", "chars")
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
+        raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
+                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
+
+
+def model_settings(cfg, given):
+    """(GPTConfig's settings, the op's controls) as cfg sets them: the chosen op's controls, and any given."""
+    controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
+    return {k: getattr(cfg, k) for k in MODEL_KEYS}, controls
+
+
+def adopt_model_settings(cfg, given, config, source):
+    """A checkpoint or GPT-2 fixes the architecture: a model setting given explicitly that differs from it is
+    refused, never silently ignored; cfg is then set to what runs (config: the model's GPTConfig)."""
+    built = {**{k: getattr(config, k) for k in MODEL_KEYS}, **config.controls}
+    for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
+        if k not in built:
+            raise ConfigError(f"{k} is not a control of the {source}'s op={config.op!r}; drop it")
+        if getattr(cfg, k) != built[k]:
+            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model "
+                              "is fixed, drop that setting")
+    for k, v in built.items():
+        setattr(cfg, k, v)
