@@ -466,20 +466,6 @@ def parquet_columns(path, file, columns):
                         "same command again to fetch it anew") from None
 
 
-def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_before):
-    """One parquet file -> its train shard and its share of val; returns the counts (documents, tokens)."""
-    docs = 0
-    with ShardFile(train_shard) as train, ShardFile(val_share) as val:
-        for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
-            # one batch at a time through map: imap over every document would queue the whole file ahead
-            for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
-                (val if in_val else train).write(tokens)
-            docs += len(texts)
-            bar.update(len(texts))
-            bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
-    return {"docs": docs, "train": train.count, "val": val.count}
-
-
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
     """OpenWebText -> GPT-2 tokens. Each parquet file of the pinned revision is one unit of work: downloaded,
     tokenised by num_proc processes into its own train shard and its share of val, recorded as done in
@@ -516,14 +502,23 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
             tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
                  desc=f"tokenising {name}") as bar:
         for i, file in enumerate(OWT_FILES):
-            if file not in done:
-                path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file],
-                                    os.path.join(staging, "download"))
-                train_shard = os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")
-                tokens = sum(d["train"] + d["val"] for d in done.values())
-                done[file] = tokenise_parquet(path, file, pool, train_shard, val_share(i), bar, tokens)
-                write_json(progress_path, progress)  # from here on this file counts as done
-                os.remove(path)
+            if file in done:
+                continue
+            path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], os.path.join(staging, "download"))
+            tokens_before, docs = sum(d["train"] + d["val"] for d in done.values()), 0
+            # this file -> its own train shard and its share of val
+            with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
+                    ShardFile(val_share(i)) as val:
+                for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
+                    # one batch at a time through map: imap over every document would queue the whole file
+                    for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
+                        (val if in_val else train).write(tokens)
+                    docs += len(texts)
+                    bar.update(len(texts))
+                    bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
+            done[file] = {"docs": docs, "train": train.count, "val": val.count}
+            write_json(progress_path, progress)  # from here on this file counts as done
+            os.remove(path)
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "source": source, "documents": sum(d["docs"] for d in done.values()),
             "tokens": {split: sum(d[split] for d in done.values()) for split in ("val", "train")}}
