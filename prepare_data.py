@@ -241,9 +241,9 @@ def dataset_dirs(out_dir, name):
     return os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
 
 
-def write_json(path, obj):
+def write_text(path, text):
     with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
-        f.write(json.dumps(obj, indent=1).encode("utf-8"))
+        f.write(text.encode("utf-8"))
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
 
 
@@ -325,7 +325,7 @@ def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
         files = sorted(os.listdir(staging))
         for file in files:
             os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
-        write_json(os.path.join(data_dir, "meta.json"), meta)
+        write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
@@ -517,7 +517,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
                     bar.update(len(texts))
                     bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
             done[file] = {"docs": docs, "train": train.count, "val": val.count}
-            write_json(progress_path, progress)  # from here on this file counts as done
+            write_text(progress_path, json.dumps(progress, indent=1))  # from here on this file counts as done
             os.remove(path)
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "source": source, "documents": sum(d["docs"] for d in done.values()),
@@ -527,7 +527,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:  # the val shares, in file order
         for i in range(len(OWT_FILES)):
             val.write(read_shard(val_share(i)))
-    write_json(os.path.join(data_dir, "meta.json"), meta)
+    write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
     shutil.rmtree(staging)
     print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / "
           f"{meta['tokens']['val']:,} val tokens in {data_dir} ({time.time() - start:.0f}s)")
@@ -572,7 +572,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": source,
             "tokens": {split: sum(len(read_shard(final(file))) for file in files if f"_{split}_" in file)
                        for split in ("val", "train")}}
-    write_json(os.path.join(data_dir, "meta.json"), meta)
+    write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
     shutil.rmtree(staging, ignore_errors=True)
     print(f"{name}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens in {data_dir} "
           f"({time.time() - start:.0f}s)")
@@ -602,9 +602,7 @@ def prepare_hellaswag(out_dir="data"):
                                 "anew")
             examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
     os.makedirs(data_dir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(example) + "\n" for example in examples)
-    os.replace(path + ".tmp", path)  # whole or not at all
+    write_text(path, "".join(json.dumps(example) + "\n" for example in examples))  # whole or not at all
     shutil.rmtree(staging)
     print(f"hellaswag: {len(examples):,} val examples in {path}")
     return data_dir
