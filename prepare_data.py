@@ -408,10 +408,11 @@ def hub_sizes(repo, revision, files):
     return sizes
 
 
-def hub_download(repo, revision, file, size, download_dir):
-    """Fetch one file into download_dir (the hub resumes a partial download after an interruption) and return
-    its path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
+def hub_download(repo, revision, file, size, staging):
+    """Fetch one file into staging/download (the hub resumes a partial download after an interruption); its
+    path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
     import huggingface_hub
+    download_dir = os.path.join(staging, "download")
     try:
         path = huggingface_hub.hf_hub_download(repo, file, repo_type="dataset", revision=revision,
                                                local_dir=download_dir)
@@ -504,7 +505,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
         for i, file in enumerate(OWT_FILES):
             if file in done:
                 continue
-            path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], os.path.join(staging, "download"))
+            path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], staging)
             tokens_before, docs = sum(d["train"] + d["val"] for d in done.values()), 0
             # this file -> its own train shard and its share of val
             with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
@@ -552,17 +553,15 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
                         "shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
-    done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
-            os.path.getsize(final(file)) == sizes[file]]
-    todo = [file for file in files if file not in done]
+    todo = [file for file in files if os.path.islink(final(file)) or not os.path.isfile(final(file)) or
+            os.path.getsize(final(file)) != sizes[file]]  # files already here, whole, are kept
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} "
           f"needs {gigabytes(sum(sizes[file] for file in todo))} "
           f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
-        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file],
-                            os.path.join(staging, "download"))
+        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], staging)
         try:
             read_shard(path, vocab_size=50257)  # the header, the size it implies, every token id
         except DataError as e:
@@ -586,9 +585,8 @@ def prepare_hellaswag(out_dir="data"):
     if os.path.exists(path):
         print(f"{path} is already prepared; delete it to prepare it again")
         return data_dir
-    sizes = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])
-    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, sizes[HELLASWAG_FILE],
-                            os.path.join(staging, "download"))
+    size = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])[HELLASWAG_FILE]
+    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, size, staging)
     examples = []
     for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
         for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
