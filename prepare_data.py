@@ -10,24 +10,19 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
 
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt
-shard format (see dataloader.py), and meta.json (how to decode), always written last: a folder without
-meta.json is not a dataset, so an interrupted preparation is never mistaken for a finished one. Run the same
-command again to finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/ and the
-hidden out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second
-one (two train.py runs preparing pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
+dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an interrupted
+preparation never looks finished. The same command again finishes it; openwebtext and fineweb10B keep every
+finished file. One preparation of a dataset runs at a time: a second one (two train.py runs preparing
+pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
-- openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
-  repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
-  goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction (~4,000
-  documents at the default 0.0005): a fixed split, whatever the file order or the number of processes.
-- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
-  fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header
-  and token ids have been checked; a broken download is deleted and named.
-- hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
-  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
-  not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
+- openwebtext: the 80 parquet files of Skylion007/openwebtext (`datasets` 4+ no longer runs its loading
+  script). A document goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below
+  --val_fraction (~4,000 documents at 0.0005): the same split whatever the file order or process count.
+- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
+- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked: a context, 4 endings, a label 0..3)
+  saved as text in out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
 """
 import errno
 import hashlib
