@@ -242,18 +242,13 @@ def write_text(path, text):
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
 
 
-def finished_meta(data_dir):
-    """data_dir's meta.json if data_dir holds a finished, undamaged dataset, else None."""
-    try:
-        return load_meta(data_dir)
-    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
-        return None
-
-
 def prepared_from(data_dir, source):
-    """Whether data_dir holds a finished dataset made from `source` (the same files and settings)."""
-    meta = finished_meta(data_dir)
-    return meta is not None and meta.get("source") == source
+    """Whether data_dir holds a finished, undamaged dataset made from `source` (the same files and settings;
+    None: documents in memory, which record no source)."""
+    try:
+        return load_meta(data_dir).get("source") == source
+    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
+        return False
 
 
 @contextmanager
@@ -662,16 +657,15 @@ def ensure_prepared(name, out_dir="data"):
     tokens it records). The offline default corpus is prepared on the fly, again if it is damaged; two
     processes asking at once take turns on the lock, and the second uses the first one's result."""
     data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
-    meta_path = os.path.join(data_dir, "meta.json")
     if name == DEFAULT_CORPUS:
-        if finished_meta(data_dir) is None:
+        if not prepared_from(data_dir, None):
             with preparing(out_dir, name):
-                if finished_meta(data_dir) is None:  # else another process prepared it while we waited
+                if not prepared_from(data_dir, None):  # else another process prepared it while we waited
                     print(f"{data_dir} is not prepared (or is damaged): preparing the offline default corpus "
                           f"{name} first")
                     prepare_documents(name, pydocs_documents(), out_dir)
         return data_dir
-    if os.path.lexists(meta_path):
+    if os.path.lexists(os.path.join(data_dir, "meta.json")):
         load_meta(data_dir)  # a damaged dataset (a shard missing, a broken meta.json) is refused, saying what
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
