@@ -139,9 +139,8 @@ def get_tokenizer(meta):
 
 
 def token_bytes(meta):
-    """The UTF-8 bytes of each token id's text, (vocab_size,) int64: what bits per byte divides by. It follows
-    from the tokenizer alone, so datasets prepared at any time get it the same way. GPT-2's end-of-text token
-    marks where a document starts and is no text of it: 0 bytes (as nanochat counts its special tokens)."""
+    """The UTF-8 bytes of each token id's text, (vocab_size,) int64, from the tokenizer alone: what bits per
+    byte divides by. GPT-2's end-of-text token starts a document, no text of it: 0 bytes (as in nanochat)."""
     if meta["tokenizer"] == "byte":
         return np.ones(256, dtype=np.int64)
     if meta["tokenizer"] == "char":
@@ -172,11 +171,10 @@ def shakespeare_documents():
 
 
 def text_documents(path):
-    """The documents of --input: the file, or each .txt file in the folder. Every one must be a regular file
-    (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
+    """The documents of --input: the file, or each .txt (or .TXT) file in the folder. Each must be a regular
+    file (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path)
-                       if f.lower().endswith(".txt"))  # .TXT too
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     elif os.path.lexists(path):
@@ -278,14 +276,13 @@ def preparing(out_dir, name):
         staging = dataset_dirs(out_dir, name)[1]
         if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
             os.remove(staging)
-        try:
-            yield
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and "
-                                "the finished ones are kept: free some space and run the same command "
-                                "again") from None
-            raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
+        yield
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
+                            "finished ones are kept: free some space and run the same command again"
+                            ) from None
+        raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
     finally:
         lock.release()
 
@@ -474,11 +471,9 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
         return data_dir
     sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
     progress_path = os.path.join(staging, "progress.json")
-    progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
-    if os.path.lexists(progress_path):
-        previous = read_json(progress_path)
-        same = isinstance(previous, dict) and previous.get("source") == source
-        progress = previous if same else progress  # other settings: start over
+    progress = read_json(progress_path) if os.path.lexists(progress_path) else None
+    if not (isinstance(progress, dict) and progress.get("source") == source):  # none, or other settings
+        progress = {"source": source, "done": {}}  # start over; done: file -> its documents and tokens
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
