@@ -241,8 +241,7 @@ def write_text(path, text):
 
 
 def prepared_from(data_dir, source):
-    """Whether data_dir holds a finished, undamaged dataset made from `source` (the same files and settings;
-    None: documents in memory, which record no source)."""
+    """Whether data_dir holds a finished, undamaged dataset made from `source` (None: documents in memory)."""
     try:
         return load_meta(data_dir).get("source") == source
     except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
@@ -288,9 +287,8 @@ def preparing(out_dir, name):
 
 
 def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
-    """Write the shards of each split (split -> iterable of token arrays) into the staging folder, then
-    replace out_dir/name with them. meta.json goes first and comes back last: a process killed in between
-    leaves a folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
+    """Write each split's shards (split -> iterable of token arrays) into the staging folder, then replace
+    out_dir/name with them: meta.json goes first and comes back last: a kill in between leaves no dataset."""
     data_dir, staging = dataset_dirs(out_dir, name)
     shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
     os.makedirs(staging)
@@ -437,8 +435,7 @@ def _encode_for_worker(text):
 
 def parquet_columns(path, file, columns):
     """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
-    stays flat). A file pyarrow cannot read, or one without those columns, is deleted, so the next run fetches
-    it again."""
+    stays flat). A file pyarrow cannot read, or without those columns, is deleted: the next run fetches it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -455,10 +452,9 @@ def parquet_columns(path, file, columns):
 
 
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
-    """OpenWebText -> GPT-2 tokens. Each parquet file of the pinned revision is one unit of work: downloaded,
-    tokenised by num_proc processes into its own train shard and its share of val, recorded as done in
-    progress.json, then deleted. A restart skips the files that are done; the val shares are joined into one
-    val shard at the end, then meta.json is written. encoding (a tiktoken.Encoding) defaults to GPT-2's."""
+    """OpenWebText -> GPT-2 tokens, one parquet file at a time: downloaded, tokenised by num_proc processes
+    into its own train shard and its share of val, recorded as done in progress.json (a restart skips it),
+    deleted. The val shares become one val shard at the end. encoding (tiktoken) defaults to GPT-2's."""
     from multiprocessing import Pool
     from tqdm import tqdm
     start, name = time.time(), "openwebtext"
@@ -648,9 +644,8 @@ def prepare(corpus, out_dir="data", **options):
 
 
 def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`, once it is prepared (its meta.json is valid and its shards hold the
-    tokens it records). The offline default corpus is prepared on the fly, again if it is damaged; two
-    processes asking at once take turns on the lock, and the second uses the first one's result."""
+    """The data dir of dataset `name`, once it is prepared (a valid meta.json, and shards that hold the tokens
+    it records). The offline default corpus is prepared on the fly, again if it is damaged."""
     data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
     if name == DEFAULT_CORPUS:
         if not prepared_from(data_dir, None):

@@ -2,15 +2,13 @@
 The token-shard format and the loader that feeds training batches from it.
 
 A shard is the llm.c / modded-nanogpt format: a header of 256 little-endian int32 [magic 20240520, version 1,
-number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ holding
-NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (tokenizer and vocabulary, written last by
-prepare_data.py: a folder without it is not a dataset). train.py reads it with ShardLoader:
+number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ of such shards and a
+meta.json (tokenizer and vocabulary), as prepare_data.py writes it. train.py reads it with ShardLoader:
 
     loader = ShardLoader("data/pydocs", "train", batch_size=16, block_size=128)
     x, y = loader.next_batch()   # (B, T) int64 inputs and their next-token targets
 
-and evaluates on ValSet, the first val_tokens tokens of the val split read in order (the same tokens on every
-machine, for every seed, batch size and number of processes):
+and evaluates on ValSet, the first val_tokens tokens of the val split, read in order:
 
     for x, y in ValSet("data/pydocs", block_size=128, val_tokens=10_485_760).batches(16): ...
 """
@@ -41,9 +39,8 @@ class ShardFile:
             shard.write(tokens)        # as often as needed
 
     The tokens go to path.tmp behind a blank header; on a clean exit the header gets the final count and the
-    file is renamed to path. If anything fails (a full disk, an exception in the caller) the temporary file is
-    removed, and a killed process leaves at most a .tmp: never a file under the real name that is
-    incomplete."""
+    file is renamed to path. If anything fails (a full disk, an exception in the caller) the .tmp is removed,
+    and a killed process leaves at most a .tmp: never an incomplete file under the real name."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
