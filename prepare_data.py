@@ -286,44 +286,12 @@ def preparing(out_dir, name):
         lock.release()
 
 
-def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
-    """Write each split's shards (split -> iterable of token arrays) into the staging folder, then replace
-    out_dir/name with them: meta.json goes first and comes back last: a kill in between leaves no dataset."""
-    data_dir, staging = dataset_dirs(out_dir, name)
-    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
-    os.makedirs(staging)
-    try:
-        meta["tokens"] = {}
-        for split, chunks in split_tokens.items():
-            writer = ShardWriter(staging, name, split, shard_size)
-            for tokens in chunks:
-                writer.add(tokens)
-            writer.close()
-            if writer.tokens == 0:
-                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
-                                "--val_fraction")
-            meta["tokens"][split] = writer.tokens
-        os.makedirs(data_dir, exist_ok=True)
-        Path(data_dir, "meta.json").unlink(missing_ok=True)
-        for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
-            os.remove(old)
-        files = sorted(os.listdir(staging))
-        for file in files:
-            os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
-        write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
-    print(f"{name}: {counts}; vocabulary {meta['tokenizer']} with {meta['vocab_size']:,} symbols")
-    print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
-    return data_dir
-
-
 # -----------------------------------------------------------------------------
 # corpora held in memory: pydocs, shakespeare_char, text
 
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
-    """Tokenise an in-memory list of documents and write its shards; returns the data dir."""
+    """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
+    meta.json goes first and comes back last: a kill in between leaves no dataset."""
     from tqdm import tqdm
     start = time.time()
     if not any(docs):
@@ -343,16 +311,38 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
                         "use --tokenizer=byte")
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
-
-    def tokens(split_docs, split):
-        if tokenizer == "gpt2":
-            quiet = len(split_docs) < 1000
-            for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
-                yield encode_gpt2_document(doc, enc)
-        else:
-            yield encode_text(DOC_SEPARATOR.join(split_docs), meta)
-    splits = {"val": tokens(val, "val"), "train": tokens(train, "train")}
-    return write_dataset(out_dir, name, splits, meta, shard_size, start)
+    data_dir, staging = dataset_dirs(out_dir, name)
+    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
+    os.makedirs(staging)
+    try:
+        meta["tokens"] = {}
+        for split, split_docs in (("val", val), ("train", train)):
+            writer = ShardWriter(staging, name, split, shard_size)
+            if tokenizer == "gpt2":  # document by document
+                quiet = len(split_docs) < 1000
+                for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
+                    writer.add(encode_gpt2_document(doc, enc))
+            else:
+                writer.add(encode_text(DOC_SEPARATOR.join(split_docs), meta))
+            writer.close()
+            if writer.tokens == 0:
+                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
+                                "--val_fraction")
+            meta["tokens"][split] = writer.tokens
+        os.makedirs(data_dir, exist_ok=True)
+        Path(data_dir, "meta.json").unlink(missing_ok=True)
+        for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
+            os.remove(old)
+        files = sorted(os.listdir(staging))
+        for file in files:
+            os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
+        write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
+    print(f"{name}: {counts}; vocabulary {meta['tokenizer']} with {meta['vocab_size']:,} symbols")
+    print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
+    return data_dir
 
 
 # -----------------------------------------------------------------------------
