@@ -217,10 +217,9 @@ NAME_LENGTH = 50
 
 
 def check_dataset_name(key, name):
-    """The one check of a dataset's name (prepare_data.py --name, train.py --dataset). It becomes the folder
-    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing
-    a shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make
-    one split's shards match the other's *_train_*.bin."""
+    """The one check of a dataset's name (--name, train.py --dataset). It becomes the folder out_dir/NAME and
+    the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', '..', shell or glob pattern
+    ('py*' would be pydocs too), no '_train'/'_val' that would make one split's shards match the other's."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
         raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
