@@ -10,24 +10,19 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
 
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... in the llm.c / modded-nanogpt
-shard format (see dataloader.py), and meta.json (how to decode), always written last: a folder without
-meta.json is not a dataset, so an interrupted preparation is never mistaken for a finished one. Run the same
-command again to finish it: openwebtext and fineweb10B keep every finished file (in out_dir/NAME/ and the
-hidden out_dir/.NAME.staging/) and redo only the rest. One preparation of a dataset runs at a time: a second
-one (two train.py runs preparing pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
+dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an interrupted
+preparation never looks finished. The same command again finishes it; openwebtext and fineweb10B keep every
+finished file. One preparation of a dataset runs at a time: a second one (two train.py runs preparing
+pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
-- openwebtext: the 80 parquet files of Skylion007/openwebtext (read directly: `datasets` 4+ no longer runs the
-  repository's loading script), one train shard per file, each downloaded, tokenised, then deleted. A document
-  goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction (~4,000
-  documents at the default 0.0005): a fixed split, whatever the file order or the number of processes.
-- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it: fineweb_val_000000.bin (val) and
-  fineweb_train_000001.bin ... Each file gets its final name only after its size (as the hub lists it), header
-  and token ids have been checked; a broken download is deleted and named.
-- hellaswag: the val split of Rowan/hellaswag (10,042 examples) as one parquet file, checked like the others
-  (its size, then every row: a context, 4 endings, a label 0..3), saved as out_dir/hellaswag/val.jsonl, text,
-  not tokens: train.py tokenises it with the model's own tokenizer (see hellaswag.py).
+- openwebtext: the 80 parquet files of Skylion007/openwebtext (`datasets` 4+ no longer runs its loading
+  script). A document goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below
+  --val_fraction (~4,000 documents at 0.0005): the same split whatever the file order or process count.
+- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
+- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked: a context, 4 endings, a label 0..3)
+  saved as text in out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
 """
 import errno
 import hashlib
@@ -144,9 +139,8 @@ def get_tokenizer(meta):
 
 
 def token_bytes(meta):
-    """The UTF-8 bytes of each token id's text, (vocab_size,) int64: what bits per byte divides by. It follows
-    from the tokenizer alone, so datasets prepared at any time get it the same way. GPT-2's end-of-text token
-    marks where a document starts and is no text of it: 0 bytes (as nanochat counts its special tokens)."""
+    """The UTF-8 bytes of each token id's text, (vocab_size,) int64, from the tokenizer alone: what bits per
+    byte divides by. GPT-2's end-of-text token starts a document, no text of it: 0 bytes (as in nanochat)."""
     if meta["tokenizer"] == "byte":
         return np.ones(256, dtype=np.int64)
     if meta["tokenizer"] == "char":
@@ -177,11 +171,10 @@ def shakespeare_documents():
 
 
 def text_documents(path):
-    """The documents of --input: the file, or each .txt file in the folder. Every one must be a regular file
-    (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
+    """The documents of --input: the file, or each .txt (or .TXT) file in the folder. Each must be a regular
+    file (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path)
-                       if f.lower().endswith(".txt"))  # .TXT too
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     elif os.path.lexists(path):
@@ -224,10 +217,9 @@ NAME_LENGTH = 50
 
 
 def check_dataset_name(key, name):
-    """The one check of a dataset's name (prepare_data.py --name, train.py --dataset). It becomes the folder
-    out_dir/NAME and the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', no '..', nothing
-    a shell or a glob reads as a pattern ('py*' would be pydocs too), and no '_train'/'_val' that would make
-    one split's shards match the other's *_train_*.bin."""
+    """The one check of a dataset's name (--name, train.py --dataset). It becomes the folder out_dir/NAME and
+    the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', '..', shell or glob pattern
+    ('py*' would be pydocs too), no '_train'/'_val' that would make one split's shards match the other's."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
         raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
@@ -241,24 +233,18 @@ def dataset_dirs(out_dir, name):
     return os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.staging")
 
 
-def write_json(path, obj):
+def write_text(path, text):
     with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
-        f.write(json.dumps(obj, indent=1).encode("utf-8"))
+        f.write(text.encode("utf-8"))
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
 
 
-def finished_meta(data_dir):
-    """data_dir's meta.json if data_dir holds a finished, undamaged dataset, else None."""
-    try:
-        return load_meta(data_dir)
-    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
-        return None
-
-
 def prepared_from(data_dir, source):
-    """Whether data_dir holds a finished dataset made from `source` (the same files and settings)."""
-    meta = finished_meta(data_dir)
-    return meta is not None and meta.get("source") == source
+    """Whether data_dir holds a finished, undamaged dataset made from `source` (None: documents in memory)."""
+    try:
+        return load_meta(data_dir).get("source") == source
+    except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
+        return False
 
 
 @contextmanager
@@ -288,57 +274,23 @@ def preparing(out_dir, name):
         staging = dataset_dirs(out_dir, name)[1]
         if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
             os.remove(staging)
-        try:
-            yield
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and "
-                                "the finished ones are kept: free some space and run the same command "
-                                "again") from None
-            raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
+        yield
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
+                            "finished ones are kept: free some space and run the same command again"
+                            ) from None
+        raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
     finally:
         lock.release()
-
-
-def write_dataset(out_dir, name, split_tokens, meta, shard_size, start):
-    """Write the shards of each split (split -> iterable of token arrays) into the staging folder, then
-    replace out_dir/name with them. meta.json goes first and comes back last: a process killed in between
-    leaves a folder without meta.json, which is plainly not a dataset, never a mix that looks whole."""
-    data_dir, staging = dataset_dirs(out_dir, name)
-    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
-    os.makedirs(staging)
-    try:
-        meta["tokens"] = {}
-        for split, chunks in split_tokens.items():
-            writer = ShardWriter(staging, name, split, shard_size)
-            for tokens in chunks:
-                writer.add(tokens)
-            writer.close()
-            if writer.tokens == 0:
-                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
-                                "--val_fraction")
-            meta["tokens"][split] = writer.tokens
-        os.makedirs(data_dir, exist_ok=True)
-        Path(data_dir, "meta.json").unlink(missing_ok=True)
-        for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
-            os.remove(old)
-        files = sorted(os.listdir(staging))
-        for file in files:
-            os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
-        write_json(os.path.join(data_dir, "meta.json"), meta)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
-    print(f"{name}: {counts}; vocabulary {meta['tokenizer']} with {meta['vocab_size']:,} symbols")
-    print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
-    return data_dir
 
 
 # -----------------------------------------------------------------------------
 # corpora held in memory: pydocs, shakespeare_char, text
 
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
-    """Tokenise an in-memory list of documents and write its shards; returns the data dir."""
+    """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
+    meta.json goes first and comes back last: a kill in between leaves no dataset."""
     from tqdm import tqdm
     start = time.time()
     if not any(docs):
@@ -358,16 +310,38 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
                         "use --tokenizer=byte")
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
-
-    def tokens(split_docs, split):
-        if tokenizer == "gpt2":
-            quiet = len(split_docs) < 1000
-            for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
-                yield encode_gpt2_document(doc, enc)
-        else:
-            yield encode_text(DOC_SEPARATOR.join(split_docs), meta)
-    splits = {"val": tokens(val, "val"), "train": tokens(train, "train")}
-    return write_dataset(out_dir, name, splits, meta, shard_size, start)
+    data_dir, staging = dataset_dirs(out_dir, name)
+    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
+    os.makedirs(staging)
+    try:
+        meta["tokens"] = {}
+        for split, split_docs in (("val", val), ("train", train)):
+            writer = ShardWriter(staging, name, split, shard_size)
+            if tokenizer == "gpt2":  # document by document
+                quiet = len(split_docs) < 1000
+                for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
+                    writer.add(encode_gpt2_document(doc, enc))
+            else:
+                writer.add(encode_text(DOC_SEPARATOR.join(split_docs), meta))
+            writer.close()
+            if writer.tokens == 0:
+                raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
+                                "--val_fraction")
+            meta["tokens"][split] = writer.tokens
+        os.makedirs(data_dir, exist_ok=True)
+        Path(data_dir, "meta.json").unlink(missing_ok=True)
+        for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
+            os.remove(old)
+        files = sorted(os.listdir(staging))
+        for file in files:
+            os.replace(os.path.join(staging, file), os.path.join(data_dir, file))
+        write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
+    print(f"{name}: {counts}; vocabulary {meta['tokenizer']} with {meta['vocab_size']:,} symbols")
+    print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
+    return data_dir
 
 
 # -----------------------------------------------------------------------------
@@ -408,10 +382,11 @@ def hub_sizes(repo, revision, files):
     return sizes
 
 
-def hub_download(repo, revision, file, size, download_dir):
-    """Fetch one file into download_dir (the hub resumes a partial download after an interruption) and return
-    its path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
+def hub_download(repo, revision, file, size, staging):
+    """Fetch one file into staging/download (the hub resumes a partial download after an interruption); its
+    path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
     import huggingface_hub
+    download_dir = os.path.join(staging, "download")
     try:
         path = huggingface_hub.hf_hub_download(repo, file, repo_type="dataset", revision=revision,
                                                local_dir=download_dir)
@@ -449,8 +424,7 @@ def _encode_for_worker(text):
 
 def parquet_columns(path, file, columns):
     """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
-    stays flat). A file pyarrow cannot read, or one without those columns, is deleted, so the next run fetches
-    it again."""
+    stays flat). A file pyarrow cannot read, or without those columns, is deleted: the next run fetches it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -466,25 +440,10 @@ def parquet_columns(path, file, columns):
                         "same command again to fetch it anew") from None
 
 
-def tokenise_parquet(path, file, pool, train_shard, val_share, bar, tokens_before):
-    """One parquet file -> its train shard and its share of val; returns the counts (documents, tokens)."""
-    docs = 0
-    with ShardFile(train_shard) as train, ShardFile(val_share) as val:
-        for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
-            # one batch at a time through map: imap over every document would queue the whole file ahead
-            for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
-                (val if in_val else train).write(tokens)
-            docs += len(texts)
-            bar.update(len(texts))
-            bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
-    return {"docs": docs, "train": train.count, "val": val.count}
-
-
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
-    """OpenWebText -> GPT-2 tokens. Each parquet file of the pinned revision is one unit of work: downloaded,
-    tokenised by num_proc processes into its own train shard and its share of val, recorded as done in
-    progress.json, then deleted. A restart skips the files that are done; the val shares are joined into one
-    val shard at the end, then meta.json is written. encoding (a tiktoken.Encoding) defaults to GPT-2's."""
+    """OpenWebText -> GPT-2 tokens, one parquet file at a time: downloaded, tokenised by num_proc processes
+    into its own train shard and its share of val, recorded as done in progress.json (a restart skips it),
+    deleted. The val shares become one val shard at the end. encoding (tiktoken) defaults to GPT-2's."""
     from multiprocessing import Pool
     from tqdm import tqdm
     start, name = time.time(), "openwebtext"
@@ -497,11 +456,9 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
         return data_dir
     sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
     progress_path = os.path.join(staging, "progress.json")
-    progress = {"source": source, "done": {}}  # file -> its documents and train/val tokens
-    if os.path.lexists(progress_path):
-        previous = read_json(progress_path)
-        same = isinstance(previous, dict) and previous.get("source") == source
-        progress = previous if same else progress  # other settings: start over
+    progress = read_json(progress_path) if os.path.lexists(progress_path) else None
+    if not (isinstance(progress, dict) and progress.get("source") == source):  # none, or other settings
+        progress = {"source": source, "done": {}}  # start over; done: file -> its documents and tokens
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
@@ -516,14 +473,23 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
             tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
                  desc=f"tokenising {name}") as bar:
         for i, file in enumerate(OWT_FILES):
-            if file not in done:
-                path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file],
-                                    os.path.join(staging, "download"))
-                train_shard = os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")
-                tokens = sum(d["train"] + d["val"] for d in done.values())
-                done[file] = tokenise_parquet(path, file, pool, train_shard, val_share(i), bar, tokens)
-                write_json(progress_path, progress)  # from here on this file counts as done
-                os.remove(path)
+            if file in done:
+                continue
+            path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], staging)
+            tokens_before, docs = sum(d["train"] + d["val"] for d in done.values()), 0
+            # this file -> its own train shard and its share of val
+            with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
+                    ShardFile(val_share(i)) as val:
+                for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
+                    # one batch at a time through map: imap over every document would queue the whole file
+                    for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
+                        (val if in_val else train).write(tokens)
+                    docs += len(texts)
+                    bar.update(len(texts))
+                    bar.set_postfix_str(f"{tokens_before + train.count + val.count:,} tokens", refresh=False)
+            done[file] = {"docs": docs, "train": train.count, "val": val.count}
+            write_text(progress_path, json.dumps(progress, indent=1))  # from here on this file counts as done
+            os.remove(path)
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
             "source": source, "documents": sum(d["docs"] for d in done.values()),
             "tokens": {split: sum(d[split] for d in done.values()) for split in ("val", "train")}}
@@ -532,7 +498,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:  # the val shares, in file order
         for i in range(len(OWT_FILES)):
             val.write(read_shard(val_share(i)))
-    write_json(os.path.join(data_dir, "meta.json"), meta)
+    write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
     shutil.rmtree(staging)
     print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / "
           f"{meta['tokens']['val']:,} val tokens in {data_dir} ({time.time() - start:.0f}s)")
@@ -557,17 +523,15 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
                         "shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
-    done = [file for file in files if os.path.isfile(final(file)) and not os.path.islink(final(file)) and
-            os.path.getsize(final(file)) == sizes[file]]
-    todo = [file for file in files if file not in done]
+    todo = [file for file in files if os.path.islink(final(file)) or not os.path.isfile(final(file)) or
+            os.path.getsize(final(file)) != sizes[file]]  # files already here, whole, are kept
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} "
           f"needs {gigabytes(sum(sizes[file] for file in todo))} "
           f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
-        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file],
-                            os.path.join(staging, "download"))
+        path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], staging)
         try:
             read_shard(path, vocab_size=50257)  # the header, the size it implies, every token id
         except DataError as e:
@@ -577,7 +541,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": source,
             "tokens": {split: sum(len(read_shard(final(file))) for file in files if f"_{split}_" in file)
                        for split in ("val", "train")}}
-    write_json(os.path.join(data_dir, "meta.json"), meta)
+    write_text(os.path.join(data_dir, "meta.json"), json.dumps(meta, indent=1))
     shutil.rmtree(staging, ignore_errors=True)
     print(f"{name}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens in {data_dir} "
           f"({time.time() - start:.0f}s)")
@@ -591,9 +555,8 @@ def prepare_hellaswag(out_dir="data"):
     if os.path.exists(path):
         print(f"{path} is already prepared; delete it to prepare it again")
         return data_dir
-    sizes = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])
-    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, sizes[HELLASWAG_FILE],
-                            os.path.join(staging, "download"))
+    size = hub_sizes(HELLASWAG_REPO, HELLASWAG_REVISION, [HELLASWAG_FILE])[HELLASWAG_FILE]
+    download = hub_download(HELLASWAG_REPO, HELLASWAG_REVISION, HELLASWAG_FILE, size, staging)
     examples = []
     for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
         for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
@@ -607,9 +570,7 @@ def prepare_hellaswag(out_dir="data"):
                                 "anew")
             examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
     os.makedirs(data_dir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(example) + "\n" for example in examples)
-    os.replace(path + ".tmp", path)  # whole or not at all
+    write_text(path, "".join(json.dumps(example) + "\n" for example in examples))  # whole or not at all
     shutil.rmtree(staging)
     print(f"hellaswag: {len(examples):,} val examples in {path}")
     return data_dir
@@ -672,20 +633,18 @@ def prepare(corpus, out_dir="data", **options):
 
 
 def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`, once it is prepared (its meta.json is valid and its shards hold the
-    tokens it records). The offline default corpus is prepared on the fly, again if it is damaged; two
-    processes asking at once take turns on the lock, and the second uses the first one's result."""
+    """The data dir of dataset `name`, once it is prepared (a valid meta.json, and shards that hold the tokens
+    it records). The offline default corpus is prepared on the fly, again if it is damaged."""
     data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
-    meta_path = os.path.join(data_dir, "meta.json")
     if name == DEFAULT_CORPUS:
-        if finished_meta(data_dir) is None:
+        if not prepared_from(data_dir, None):
             with preparing(out_dir, name):
-                if finished_meta(data_dir) is None:  # else another process prepared it while we waited
+                if not prepared_from(data_dir, None):  # else another process prepared it while we waited
                     print(f"{data_dir} is not prepared (or is damaged): preparing the offline default corpus "
                           f"{name} first")
                     prepare_documents(name, pydocs_documents(), out_dir)
         return data_dir
-    if os.path.lexists(meta_path):
+    if os.path.lexists(os.path.join(data_dir, "meta.json")):
         load_meta(data_dir)  # a damaged dataset (a shard missing, a broken meta.json) is refused, saying what
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"

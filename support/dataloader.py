@@ -2,15 +2,13 @@
 The token-shard format and the loader that feeds training batches from it.
 
 A shard is the llm.c / modded-nanogpt format: a header of 256 little-endian int32 [magic 20240520, version 1,
-number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ holding
-NAME_val_000000.bin, NAME_train_000001.bin, ... and meta.json (tokenizer and vocabulary, written last by
-prepare_data.py: a folder without it is not a dataset). train.py reads it with ShardLoader:
+number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ of such shards and a
+meta.json (tokenizer and vocabulary), as prepare_data.py writes it. train.py reads it with ShardLoader:
 
     loader = ShardLoader("data/pydocs", "train", batch_size=16, block_size=128)
     x, y = loader.next_batch()   # (B, T) int64 inputs and their next-token targets
 
-and evaluates on ValSet, the first val_tokens tokens of the val split read in order (the same tokens on every
-machine, for every seed, batch size and number of processes):
+and evaluates on ValSet, the first val_tokens tokens of the val split, read in order:
 
     for x, y in ValSet("data/pydocs", block_size=128, val_tokens=10_485_760).batches(16): ...
 """
@@ -41,9 +39,8 @@ class ShardFile:
             shard.write(tokens)        # as often as needed
 
     The tokens go to path.tmp behind a blank header; on a clean exit the header gets the final count and the
-    file is renamed to path. If anything fails (a full disk, an exception in the caller) the temporary file is
-    removed, and a killed process leaves at most a .tmp: never a file under the real name that is
-    incomplete."""
+    file is renamed to path. If anything fails (a full disk, an exception in the caller) the .tmp is removed,
+    and a killed process leaves at most a .tmp: never an incomplete file under the real name."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
@@ -169,32 +166,28 @@ def load_meta(data_dir):
 def unigram_loss(data_dir, vocab_size):
     """Val loss of a model that ignores context and predicts the train split's token frequencies (add-one
     smoothed): the baseline every trained model must beat."""
-    counts = []  # (vocab_size,) token counts of the train split, then of the val split
-    for split in ("train", "val"):
-        shard_counts = (np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)
-                        for p in find_shards(data_dir, split))
-        counts.append(sum(shard_counts))
-    p_train = (counts[0] + 1) / (counts[0] + 1).sum()
-    return float(-(counts[1] * np.log(p_train)).sum() / counts[1].sum())
+    train, val = (sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)  # (vocab_size,)
+                      for p in find_shards(data_dir, split)) for split in ("train", "val"))
+    p_train = (train + 1) / (train + 1).sum()
+    return float(-(val * np.log(p_train)).sum() / val.sum())
 
 
 # -----------------------------------------------------------------------------
 # the loader
 
-def find_shards(data_dir, split):
-    """The split's shards in data_dir. Its name is escaped: data/py* is that folder, not a pattern."""
-    return sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+def find_shards(data_dir, split, required=False):
+    """The split's shards in data_dir (at least one if required); data/py* is that folder, not a pattern."""
+    shards = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
+    if required and not shards:
+        raise DataError(f"no {split} shards matching *_{split}_*.bin in {data_dir}; prepare the dataset with "
+                        "prepare_data.py (python prepare_data.py --help)")
+    return shards
 
 
-def loader_state_problem(state):
-    """What makes state other than what ShardLoader.state_dict returns, in words, or None. It names types,
-    never values: a value from a hostile checkpoint could print as many lines."""
-    if type(state) is not dict:
-        return f"it is a {type(state).__name__}"
-    if sorted(state, key=str) != ["epoch", "pos", "shard"]:
-        return "it has other keys"
-    return ", ".join(f"{key} is a {type(state[key]).__name__}" for key in ("epoch", "shard", "pos")
-                     if type(state[key]) is not int) or None
+def windows(tokens, starts, T):
+    """(x, y), both (B, T) int64: the T tokens from each start, and the T after them (views of one buffer)."""
+    buf = torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64))  # (B, T+1)
+    return buf[:, :-1], buf[:, 1:]
 
 
 class ShardLoader:
@@ -213,11 +206,7 @@ class ShardLoader:
         if min(batch_size, block_size, world_size) < 1 or not 0 <= rank < world_size:
             raise DataError(f"bad loader settings: batch_size={batch_size}, block_size={block_size}, "
                             f"rank={rank}, world_size={world_size}")
-        self.shards = find_shards(data_dir, split)
-        if not self.shards:
-            raise DataError(f"no {split} shards matching *_{split}_*.bin in {data_dir}; "
-                            "prepare the dataset with "
-                            "prepare_data.py (python prepare_data.py --help)")
+        self.shards = find_shards(data_dir, split, required=True)
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
         self.vocab_size, self.seed = vocab_size, seed
         self.step = world_size * batch_size  # windows the whole world consumes per batch
@@ -231,9 +220,16 @@ class ShardLoader:
         return {"epoch": self.epoch, "shard": self.shard, "pos": self.pos}
 
     def load_state_dict(self, state):
-        """Continue from state (from state_dict, kept in a checkpoint, so it is checked: it may come from
-        anywhere)."""
-        problem = loader_state_problem(state)
+        """Continue from state (state_dict's, kept in a checkpoint, so checked: it may come from anywhere)."""
+        # what makes state other than what state_dict returns, in words: types, never values (a value from a
+        # hostile checkpoint could print as many lines)
+        if type(state) is not dict:
+            problem = f"it is a {type(state).__name__}"
+        elif sorted(state, key=str) != ["epoch", "pos", "shard"]:
+            problem = "it has other keys"
+        else:
+            problem = ", ".join(f"{key} is a {type(state[key]).__name__}" for key in ("epoch", "shard", "pos")
+                                if type(state[key]) is not int)
         if problem:
             raise DataError(f"the checkpoint's loader state is not the integers epoch, shard and pos that "
                             f"train.py saves ({problem}); the checkpoint was edited or comes from elsewhere")
@@ -244,31 +240,26 @@ class ShardLoader:
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
         moved = (state["epoch"], state["shard"]) != (self.epoch, self.shard)
+        # one memmap is open, for the current shard only, and dropped when we move on: memory stays flat
         if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
             self.shard, self.tokens = state["shard"], read_shard(self.shards[state["shard"]], self.vocab_size)
             if len(self.tokens) < self.step * self.T + 1:
-                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than "
-                                f"one batch of "
-                                f"world_size*batch_size*block_size+1 = {self.step * self.T + 1}; "
-                                "use a smaller batch or block, "
-                                "or prepare the data with a larger --shard_size")
-        if moved:
+                raise DataError(f"{self.shards[self.shard]}: {len(self.tokens)} tokens is shorter than one "
+                                "batch of world_size*batch_size*block_size+1 = "
+                                f"{self.step * self.T + 1}; use a smaller batch or block, or prepare the "
+                                "data with a larger --shard_size")
+        if moved:  # this (epoch, shard)'s window start positions, in a seeded random order
             self.epoch = state["epoch"]
-            self._shuffle()
+            rng = np.random.default_rng([self.seed, self.epoch, self.shard])
+            offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
+            offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
+            n_windows = (len(self.tokens) - 1 - offset) // self.T
+            self.starts = offset + self.T * rng.permutation(n_windows)
         if state["pos"] > len(self.starts):
             raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
                             f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "
                             "since the checkpoint")
         self.pos = state["pos"]
-
-    def _shuffle(self):
-        """This (epoch, shard)'s window start positions in a seeded random order. One memmap is open, for the
-        current shard only, and dropped when we move on: memory stays flat over long runs."""
-        rng = np.random.default_rng([self.seed, self.epoch, self.shard])
-        offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
-        offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
-        n_windows = (len(self.tokens) - 1 - offset) // self.T
-        self.starts = offset + self.T * rng.permutation(n_windows)
 
     def next_batch(self, device="cpu"):
         """This rank's next (x, y), both (B, T) on device."""
@@ -277,10 +268,8 @@ class ShardLoader:
             next_shard = (self.shard + 1) % len(self.shards)
             self.load_state_dict({"epoch": self.epoch + last, "shard": next_shard, "pos": 0})
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
-        windows = np.stack([self.tokens[s:s + self.T + 1] for s in mine])  # (B, T+1)
-        buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
+        x, y = windows(self.tokens, mine, self.T)
         self.pos += self.step
-        x, y = buf[:, :-1], buf[:, 1:]
         if device.startswith("cuda"):  # x, y are views of one (B, T+1) buffer: each pinned as a compact copy
             x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
             return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -295,12 +284,8 @@ class ValSet:
     loss (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
 
     def __init__(self, data_dir, block_size, val_tokens, rank=0, world_size=1, vocab_size=None):
-        shards = find_shards(data_dir, "val")
-        if not shards:
-            raise DataError(f"no val shards matching *_val_*.bin in {data_dir}; prepare the dataset with "
-                            "prepare_data.py (python prepare_data.py --help)")
         parts, wanted = [], val_tokens + 1  # +1: the first token is only read, never predicted
-        for path in shards:  # the split is one stream of tokens, its shards in order
+        for path in find_shards(data_dir, "val", required=True):  # one stream of tokens, its shards in order
             part = read_shard(path, vocab_size)[:wanted - sum(map(len, parts))]
             parts.append(np.array(part))  # a copy: at most val_tokens+1 uint16, and no memmap left open
         self.tokens = np.concatenate(parts)
@@ -311,15 +296,9 @@ class ValSet:
         self.T, self.starts = block_size, list(range(0, self.count, block_size))[rank::world_size]
 
     def batches(self, batch_size):
-        """This rank's windows as (x, y) int64 batches of up to batch_size; a short last window comes
-        alone."""
+        """This rank's windows as (x, y) int64 batches of up to batch_size; a short last window alone."""
         full = [s for s in self.starts if s + self.T <= self.count]
         for i in range(0, len(full), batch_size):
-            yield self._batch(full[i:i + batch_size], self.T)
+            yield windows(self.tokens, full[i:i + batch_size], self.T)
         for s in self.starts[len(full):]:  # at most one: the split's last window, shorter than T
-            yield self._batch([s], self.count - s)
-
-    def _batch(self, starts, T):
-        windows = np.stack([self.tokens[s:s + T + 1] for s in starts])
-        buf = torch.from_numpy(windows.astype(np.int64))  # (B, T+1)
-        return buf[:, :-1], buf[:, 1:]
+            yield windows(self.tokens, [s], self.count - s)
