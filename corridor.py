@@ -537,11 +537,10 @@ def main(argv):
     try:
         opts, _ = configure(OPTIONS, [a for a in argv if a.startswith("-")], dict(out=nonempty, csv=nonempty),
                             files=False, help_from=[("", sys.modules[__name__])])
+        if not paths:
+            raise ConfigError("no run directory given")
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
-        return 1
-    if not paths:
-        print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
     try:
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
@@ -555,11 +554,8 @@ def main(argv):
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures",
                   file=sys.stderr)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # e.g. --out names a file, or --csv a folder
-        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e
+    except (ValueError, OSError) as e:  # OSError: e.g. --out names a file, or --csv a folder
+        what = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
         print(f"error: {what}", file=sys.stderr)
         return 1
     if written:
