@@ -77,8 +77,7 @@ def training_step(model, opt, x, grad_clip=1.0):
 
 
 def measure(op, impl, block_size, batch_size, iters, warmup=3):
-    """One configuration in this process: tokens/s over `iters` steps and peak MiB above the model's
-    baseline."""
+    """One configuration in this process: tokens/s over `iters` steps, peak MiB above the model's baseline."""
     keep_freed_memory()  # as train.py does on a CPU
     torch.manual_seed(0)
     model = GPT(GPTConfig(**DEMO, block_size=block_size, op=op, impl=impl))
@@ -91,11 +90,7 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     for _ in range(iters):
         training_step(model, opt, x)
     dt = time.perf_counter() - t0
-    peak_mib = None
-    if baseline is not None:
-        resident, _ = baseline
-        _, peak = memory_mib()
-        peak_mib = peak - resident
+    peak_mib = None if baseline is None else memory_mib()[1] - baseline[0]  # peak now − resident before
     return {"tokens_per_s": iters * batch_size * block_size / dt, "peak_mib": peak_mib}
 
 
@@ -114,10 +109,8 @@ def measure_in_subprocess(op, impl, block_size, batch_size, iters):
 def best_of(repeats):
     """One configuration's repeats -> each column's best: the highest tokens/s, the lowest peak memory."""
     peaks = [r["peak_mib"] for r in repeats]
-    best_peak = None
-    if None not in peaks:
-        best_peak = min(peaks)
-    return {"tokens_per_s": max(r["tokens_per_s"] for r in repeats), "peak_mib": best_peak}
+    return {"tokens_per_s": max(r["tokens_per_s"] for r in repeats),
+            "peak_mib": None if None in peaks else min(peaks)}
 
 
 def ops_table(best):
@@ -126,9 +119,7 @@ def ops_table(best):
              "|---|---|---|---|---|---|---|"]
     for (op, impl, T), r in best.items():
         ref = best.get(("attention", impl, T))  # the attention row with the same impl and block_size
-        peak = "-"
-        if r["peak_mib"] is not None:
-            peak = f"{r['peak_mib']:.1f}"
+        peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
         lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio(r, ref, 'tokens_per_s')} "
                      f"| {peak} | {ratio(r, ref, 'peak_mib')} |")
     return lines
@@ -155,8 +146,7 @@ def bench_ops(cfg):
             repeats[op, impl, T].append(measure_in_subprocess(op, impl, T, cfg.batch_size, cfg.iters))
     best = {c: best_of(rs) for c, rs in repeats.items()}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, "
-          f"batch {cfg.batch_size}, "
-          f"{cfg.iters} steps, best of {cfg.repeats}")
+          f"batch {cfg.batch_size}, {cfg.iters} steps, best of {cfg.repeats}")
     print("\n".join(ops_table(best)))
     return best
 
@@ -217,8 +207,7 @@ def bench_nanogpt(cfg):
 
 
 def bench_gpt2_step(cfg):
-    """GPT-2 small (124M), op=mix, bf16, torch.compile: ms per training step with the fused kernel and with
-    SDPA."""
+    """GPT-2 small (124M), op=mix, bf16, torch.compile: ms per training step, fused kernel vs SDPA."""
     if not torch.cuda.is_available():
         raise ConfigError("what=gpt2_step needs a CUDA GPU")
     from triton.testing import do_bench
@@ -248,10 +237,9 @@ SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),  # GPT-2's voc
 
 
 def bench_sample(cfg):
-    """Greedy sampling of SAMPLE_NEW_TOKENS tokens from a one-token prompt, batch 1, op=mix: GPT.generate
-    with its KV cache against generate(use_cache=False), a full forward per token as nanoGPT's generate;
-    both sample from the same output layer, so the ratio is the cache's. Interleaved; the best repeat counts.
-    """
+    """Greedy sampling of SAMPLE_NEW_TOKENS tokens from a one-token prompt, batch 1, op=mix: GPT.generate with
+    its KV cache against generate(use_cache=False), a full forward per token as nanoGPT's generate; both
+    sample from the same output layer, so the ratio is the cache's. Interleaved; the best repeat counts."""
     prompt = torch.zeros((1, 1), dtype=torch.long)
     n, rows = SAMPLE_NEW_TOKENS, {}
     for name, shape in SAMPLE_MODELS.items():

@@ -36,7 +36,6 @@ BASELINE_OP = "attention"  # every setting is compared with the runs of this op 
 OP_SETTINGS = ("op", "op_lr_scale", *CONTROLS)
 # the corridor curve: runs with these settings have γ fixed at their gamma_init and δ at 1 ...
 FIXED_GAMMA = {"op": "mix", "learn_gamma": False, "learn_delta": False, "delta_init": 1.0}
-FIXED_GAMMA_X = "gamma_init"
 LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control at its default, end up
 
 
@@ -123,12 +122,10 @@ def load_run(path):
 
 
 def controls(config):
-    """The controls this run changed from their defaults, as {name: value}."""
     return {k: config[k] for k, default in CONTROLS.items() if k in config and config[k] != default}
 
 
 def describe(run):
-    """Short human label: op, changed controls, seed."""
     cfg = run["config"]
     seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
     return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
@@ -184,8 +181,7 @@ def paired_stats(diffs, level=0.95):
     untied = int((d != 0).sum())  # the sign test counts runs below and above attention, and ignores ties
     if untied:
         out["p_sign"] = float(stats.binomtest(out["k_lower"], untied).pvalue)  # two-sided, a fair coin
-    out["paired_mean"] = float(d.mean())
-    out["paired_std"] = sample_std(d)
+    out["paired_mean"], out["paired_std"] = float(d.mean()), sample_std(d)
     # differences of float val losses carry rounding noise of ~1e-16: treat a spread that small as zero
     if out["paired_std"] is None or out["paired_std"] <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return out
@@ -334,7 +330,7 @@ def curve_data(groups):
         for g in gs:
             mean = math.nan if g["paired_mean"] is None else g["paired_mean"]
             lo, hi = g["ci"] or (math.nan, math.nan)
-            points.append((float(g["config"].get(FIXED_GAMMA_X, CONTROLS[FIXED_GAMMA_X])), mean, lo, hi,
+            points.append((float(g["config"].get("gamma_init", CONTROLS["gamma_init"])), mean, lo, hi,
                            g["n_pairs"]))
         gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
         base = json.loads(key)
@@ -412,12 +408,11 @@ def report(runs, each=True):
     groups with their legend, then where the learned groups' γ ended, layer by layer."""
     for run in runs if each else []:
         s = summarize(run)
-        tokens = "n/a" if s["tokens"] is None else f"{s['tokens']:,}"
         print(f"== {s['name']}  ({s['label']})")
         max_iters = run["config"].get("max_iters")
         unfinished = (f"; unfinished, max_iters is {max_iters}" if isinstance(max_iters, int)
                       and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
-        print(f"   tokens {tokens}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
+        print(f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
               f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
@@ -537,11 +532,10 @@ def main(argv):
     try:
         opts, _ = configure(OPTIONS, [a for a in argv if a.startswith("-")], dict(out=nonempty, csv=nonempty),
                             files=False, help_from=[("", sys.modules[__name__])])
+        if not paths:
+            raise ConfigError("no run directory given")
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
-        return 1
-    if not paths:
-        print(f"error: no run directory given ({usage})", file=sys.stderr)
         return 1
     try:
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
@@ -555,11 +549,8 @@ def main(argv):
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures",
                   file=sys.stderr)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # e.g. --out names a file, or --csv a folder
-        what = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e
+    except (ValueError, OSError) as e:  # OSError: e.g. --out names a file, or --csv a folder
+        what = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
         print(f"error: {what}", file=sys.stderr)
         return 1
     if written:
