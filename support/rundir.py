@@ -248,6 +248,16 @@ def few(names):
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
+class SkipInit(torch.overrides.TorchFunctionMode):
+    """Skips torch.nn.init's fills: a model on the meta device has no values to fill, and torch's meta normal_
+    imports its compiler (torch._dynamo: 2 s of a sampler's start-up)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]  # the tensor to fill, as it is
+        return func(*args, **(kwargs or {}))
+
+
 def model_from_checkpoint(ckpt, **changes):
     """The GPT a checkpoint holds (changes: settings that are not part of the weights, like dropout), checked
     before anything uses it; train.py and sample.py both load through here. GPTConfig checks the settings;
@@ -264,7 +274,7 @@ def model_from_checkpoint(ckpt, **changes):
         layers = {k.split(".")[2] for k in weights if k.startswith("transformer.h.") and k.count(".") >= 3}
         if len(layers) != config.n_layer:
             raise ValueError(f"n_layer={config.n_layer!r} but the weights have {len(layers)} layers")
-        with torch.device("meta"):
+        with torch.device("meta"), SkipInit():
             shapes = {k: t.shape for k, t in GPT(config).state_dict().items()}
     except (TypeError, ValueError, RuntimeError) as e:
         raise ConfigError(f"the checkpoint does not fit this code ({why(e)})") from None
