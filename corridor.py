@@ -8,8 +8,8 @@ Each head applies δ(γI + P) to its values; the paper's claim is that most head
 γ ∈ (−1, 0), the "convex corridor". Per run this prints the losses and where γ and δ ended; over runs, a table
 by val loss and, for runs that differ only in seed, paired statistics against attention (see compare). It
 writes PNG figures, drawn by support/figures.py (with fixed-γ runs, corridor_curve.png: val loss against γ
-with δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and log.jsonl
-(see load_run).
+with δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and
+log.jsonl (see load_run). Variants are chosen on seeds below 100, judged again on seeds 100+ (CONFIRMATION).
 """
 import csv
 import io
@@ -32,6 +32,10 @@ CONTROLS = all_controls()  # train.py's op controls and their defaults (a label 
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
+# A variant chosen as best on some seeds looks better on them than it is (the winner's curse: part of what
+# made it win is those seeds' noise). So choices are made on seeds below 100, and a chosen variant is judged
+# again on seeds in CONFIRMATION, on which nothing was chosen: their runs form groups of their own.
+CONFIRMATION = range(100, 200)
 # what belongs to the op: attention has no scalars, so its runs are the baseline whatever these say
 OP_SETTINGS = ("op", "op_lr_scale", *CONTROLS)
 # the corridor curve: runs with these settings have γ fixed at their gamma_init and δ at 1 ...
@@ -230,7 +234,7 @@ def compare(runs):
     for run, s in zip(runs, sums):
         s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
         exp = json.dumps(experiment(run["config"]), sort_keys=True)
-        groups.setdefault(exp, []).append(s)
+        groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         keys = [("run", exp, s["seed"])]  # one config and seed twice: one experiment that would count twice
         if s["op"] == BASELINE_OP:
             keys.append(("attention", s["baseline"], s["seed"]))  # two baselines for one seed, likewise
@@ -247,9 +251,9 @@ def compare(runs):
         base = attention_mean.get(s["baseline"])
         s["vs_attention"] = None if base is None else s["final_val"] - base
     # label each group by its op plus the config keys that tell the groups apart (controls only when changed)
-    varying = differing_keys(groups)
+    varying = differing_keys([key for key, _ in groups])
     out = []
-    for key, members in groups.items():
+    for (key, confirmation), members in groups.items():
         cfg, first = json.loads(key), members[0]  # members differ only in seed: they share first's baseline
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
@@ -263,6 +267,7 @@ def compare(runs):
         attn_val = attention_mean.get(first["baseline"])
         layer_gamma = np.array([m["layer_gamma"] for m in members])  # (seed, layer)
         out.append({"label": " ".join(label), "op": cfg["op"], "config": cfg, "is_baseline": is_baseline,
+                    "experiment": key, "confirmation": confirmation,
                     "baseline_key": first["baseline"], "learns_gamma": first["learns_gamma"],
                     "names": [m["name"] for m in members], "paths": [m["path"] for m in members],
                     "n": len(members), "val_mean": float(val.mean()), "val_std": sample_std(val),
@@ -273,16 +278,26 @@ def compare(runs):
                     "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
     # the short name to print: the setting's directory name without _s<seed> (its config file's name), where
     # all its runs share one and no other group has it; otherwise the label made from its config
-    names = [{setting_name(n) for n in g["names"]} for g in out]
-    for g, own in zip(out, names):
-        unique = len(own) == 1 and sum(own <= other for other in names) == 1
-        g["setting"] = next(iter(own)) if unique else g["label"]
+    names = [({setting_name(n) for n in g["names"]}, g["confirmation"]) for g in out]
+    for g, (own, confirmation) in zip(out, names):
+        unique = len(own) == 1 and sum(own <= other for other, c in names if c == confirmation) == 1
+        name = next(iter(own)) if unique else g["label"]
+        g["setting"] = name + (" (confirmation)" if confirmation else "")
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
     baselines = [g for g in out if g["is_baseline"]]
     block = {key: min([g["val_mean"] for g in baselines if g["baseline_key"] == key], default=math.inf)
              for key in {g["baseline_key"] for g in out}}
     return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
                                                                 math.isnan(g["val_mean"]), g["val_mean"]))}
+
+
+def confirmations(groups):
+    """Each variant rerun on the CONFIRMATION seeds: its paired statistics against attention on the seeds it
+    was chosen on (selection), on the new ones (confirmation), and on both (pooled)."""
+    chosen = {g["experiment"]: g for g in groups if not g["confirmation"]}
+    return [{"setting": chosen[g["experiment"]]["setting"], "selection": chosen[g["experiment"]],
+             "confirmation": g, "pooled": paired_stats(chosen[g["experiment"]]["paired"] + g["paired"])}
+            for g in groups if g["confirmation"] and not g["is_baseline"] and g["experiment"] in chosen]
 
 
 # -----------------------------------------------------------------------------
@@ -403,6 +418,14 @@ def group_cells(g):
             fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
 
 
+def paired_cell(s):
+    """n, mean [CI], p, lower: one cell of the confirmation table."""
+    if s["paired_mean"] is None:
+        return f"{s['n_pairs']}: n/a"
+    ci = "n/a" if s["ci"] is None else f"[{s['ci'][0]:+.4f}, {s['ci'][1]:+.4f}]"
+    return f"{s['n_pairs']}: {s['paired_mean']:+.4f} {ci} p {fmt_p(s['p_t'])}, {s['k_lower']}/{s['n_pairs']}"
+
+
 def report(runs, each=True):
     """Print the per-run summaries and the table of runs (each=True); given seeds of one setting, the seed
     groups with their legend, then where the learned groups' γ ended, layer by layer."""
@@ -446,6 +469,15 @@ def report(runs, each=True):
           "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
           "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
           "seed, zero spread, no attention run or a NaN loss).")
+    rows = confirmations(groups)
+    if rows:
+        print("\n== chosen on some seeds, judged on others: paired diff against attention on the seeds a "
+              "variant was chosen\n   on (selection), on seeds no choice was made on (confirmation, "
+              f"{CONFIRMATION.start}+), and on both (pooled)")
+        cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
+                 for r in rows]
+        print_table(["setting", "selection", "confirmation", "pooled"], cells, left=4)
+        print("   each cell: seeds, mean paired diff [95% CI], paired t-test p, seeds below attention")
     learned = [g for g in groups if g["learns_gamma"]]
     if learned:
         print("\n== where learned γ ends: mean final γ per layer, ± its std over seeds")

@@ -327,6 +327,32 @@ def test_the_numbers_docs_quote():
     assert groups["mix_gamma_nonneg"]["deep_mean"] == groups["mix_start_p05"]["deep_mean"] == 0.0
 
 
+
+def test_a_chosen_variant_is_judged_on_confirmation_seeds(tmp_path, capsys, no_figures):
+    """Seeds 100+ form groups of their own: the selection seeds' statistics stay as they were, the new seeds
+    get theirs, and the confirmation table pools both; each set pairs with its own seeds' attention runs."""
+    specs = [(f"attention_s{k}", "attention", k, 2.0 + k % 100 / 10, {}) for k in (0, 1, 2, 100, 101, 102)]
+    specs += [(f"mix_s{k}", "mix", k, 2.0 + k % 100 / 10 + d, {})
+              for k, d in ((0, -0.1), (1, -0.1), (2, -0.2), (100, -0.05), (101, 0.01), (102, -0.03))]
+    dirs = runs_of(tmp_path, specs)
+    c = corridor.compare([corridor.load_run(d) for d in dirs])
+    by_setting = {g["setting"]: g for g in c["groups"]}
+    assert set(by_setting) == {"attention", "attention (confirmation)", "mix", "mix (confirmation)"}
+    assert by_setting["mix"]["paired"] == pytest.approx([-0.1, -0.1, -0.2])  # seeds 0-2 only
+    assert by_setting["mix (confirmation)"]["paired"] == pytest.approx([-0.05, 0.01, -0.03])
+    assert by_setting["mix (confirmation)"]["paired_seeds"] == [100, 101, 102]
+    (row,) = corridor.confirmations(c["groups"])
+    assert row["setting"] == "mix" and row["selection"] is by_setting["mix"]
+    pooled = row["selection"]["paired"] + row["confirmation"]["paired"]
+    assert pooled == pytest.approx([-0.1, -0.1, -0.2, -0.05, 0.01, -0.03])
+    assert row["pooled"] == corridor.paired_stats(pooled) and row["pooled"]["n_pairs"] == 6
+    assert corridor.main(dirs) == 0
+    out = capsys.readouterr().out
+    table = out.split("== chosen on some seeds, judged on others")[1].splitlines()
+    cells = table[3].split()
+    assert cells[0] == "mix" and cells[1:3] == ["3:", "-0.1333"] and cells[8:10] == ["3:", "-0.0233"]
+    assert cells[15:17] == ["6:", "-0.0783"] and cells[-1] == "5/6"
+
 # --- paired comparison with attention: which runs pair, and what the seed-group table prints
 
 # half inside beyond L1
