@@ -1,6 +1,9 @@
-"""pytest set-up shared by every test file: run Triton kernels under the CPU interpreter when there is no GPU.
+"""pytest set-up shared by every test file.
 
-TRITON_INTERPRET must be set before any @triton.jit function is defined, i.e. before kernel.py is imported.
+- Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set before any
+  @triton.jit function is defined, i.e. before kernel.py is imported.
+- `python -m pytest -q` runs the fast spec; `--slow` adds the tests marked slow (DDP, kill -9, the hostile
+  batteries, the interpreter's kernel sweeps: the whole suite).
 """
 import os
 
@@ -10,5 +13,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the slow tests (the whole suite)")
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a slower end-to-end test (still runs in CI)")
+    config.addinivalue_line("markers", "slow: a slower end-to-end test, run with --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+

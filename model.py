@@ -35,7 +35,7 @@ class GPTConfig:
     impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
-    def __post_init__(self):  # every value checked (check_config, below the model), the op's controls filled in
+    def __post_init__(self):  # every value checked (check_config, below the model); the op's defaults added
         self.controls = check_config(self)
 
 
@@ -63,11 +63,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         if cache is None:
             y = self.heads(q, k, v)  # (B, nh, T, hs)
-        else:  # generating, with SDPA for every impl: the prompt (causal), or one new token (it sees every key)
+        else:  # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every key)
             K = torch.cat((cache["k"], k), dim=2) if cache else k  # (B, nh, t, hs) every key so far
             V = torch.cat((cache["v"], v), dim=2) if cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
-            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own values only
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: only x's own values
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 

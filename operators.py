@@ -55,7 +55,11 @@ class HeadOperator(nn.Module):
 
     @classmethod
     def check(cls, n_head, controls):
-        """Raise a ValueError that names the control when a value is not allowed."""
+        """Raise a ValueError that names the control when a value is not allowed. Here, for every op with a
+        delta_init: δ = 0 would silence its heads and leave their γ = a/b undefined."""
+        if controls.get("delta_init") == 0:
+            raise ValueError("delta_init=0 is not allowed: it silences every head (γ = a/b is then "
+                             "undefined); give a non-zero δ, e.g. 1 (attention's)")
 
     def scalar(self, name, value, learn=True):
         """One value per head: a Parameter when learned, else a buffer (saved with the model, never
@@ -123,6 +127,7 @@ class Mix(HeadOperator):
 
     @classmethod
     def check(cls, n_head, controls):
+        super().check(n_head, controls)
         g_min = controls["gamma_min"]
         if g_min is not None and type(g_min) not in (int, float):
             raise ValueError(f"gamma_min={g_min!r} is not allowed: give a number (γ is kept ≥ it) or None")

@@ -374,6 +374,8 @@ def test_every_mix_op_starts_at_gamma_init_delta_init(op):
     gamma, delta = GPT(tiny(op, gamma_init=-0.3, delta_init=1.7)).gamma_delta()
     assert (torch.allclose(gamma, torch.full_like(gamma, -0.3))
             and torch.allclose(delta, torch.full_like(delta, 1.7)))
+    with pytest.raises(ValueError, match=r"^delta_init=0 is not allowed: .*γ = a/b is then undefined"):
+        tiny(op, delta_init=0)  # every head silenced, its γ = a/b NaN in every log
 
 
 def test_demo_prints_operator_and_identity(capsys):

@@ -105,7 +105,6 @@ def build_model(cfg, given, meta, ckpt):
     if ckpt is not None:
         settings.check_same_data(ckpt, meta, cfg.dataset)
         model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
-        source = "checkpoint"
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
@@ -114,15 +113,13 @@ def build_model(cfg, given, meta, ckpt):
                                     impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
-        source = "pretrained model"
     else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         try:
             model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **config))
         except (TypeError, RuntimeError, MemoryError) as e:  # a model too large for this machine
             raise ConfigError(f"the model cannot be built ({why(e)})") from None
-        source = "new model"
-    settings.adopt_model_settings(cfg, given, model.config, source)
+    settings.adopt_model_settings(cfg, given, model.config, "checkpoint" if ckpt else "pretrained model")
     return model
 
 
@@ -137,14 +134,10 @@ def prepare(cfg, run):
 
 
 class Evaluation:
-    """What is evaluated at every eval_interval, printed and logged:
-    - the val loss: the mean over the fixed val set (support/dataloader.py's ValSet: the same tokens on every
-      machine, for every seed, batch size and number of processes), every rank's share summed; also in bits
-      per byte, which compares models with different tokenizers;
-    - the train loss: the mean of the same eval_iters sampled batches every time (the split is too large to
-      read whole), over the ranks;
-    - HellaSwag's acc_norm, every hellaswag_interval and at the end;
-    - every head's (γ, δ)."""
+    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val set (the
+    same tokens on every machine, for every seed, batch size and process count: dataloader.ValSet), in nats
+    per token and in bits per byte (which compares tokenizers); the train loss over the same eval_iters
+    sampled batches every time; HellaSwag's acc_norm when due; every head's (γ, δ)."""
 
     def __init__(self, cfg, run, data_dir, meta, vocab_size):
         self.cfg, self.run = cfg, run
@@ -205,7 +198,8 @@ class Evaluation:
 
 def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens_per_iter):
     """The console line and log record of a training step; loss and grad_norm are read here."""
-    mfu = model.estimate_mfu(tokens_per_iter // (run.world_size * run.cfg.block_size), dt_iter)  # B·micro-steps
+    sequences = tokens_per_iter // (run.world_size * run.cfg.block_size)  # per process: B × micro-steps
+    mfu = model.estimate_mfu(sequences, dt_iter)
     lossf = loss.item()  # a sync with the device: only every log_interval
     stop_if_not_finite("the training loss", lossf, iter_num, run.cfg.out_dir)
     grad_normf = grad_norm.item()  # this iteration's, before clipping
@@ -305,8 +299,8 @@ def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
     run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
         run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
-    run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), "
-            f"{tokens_per_iter:,} tokens per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
+    run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
+            f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
     if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
         run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
                 "(context-free token frequencies)")

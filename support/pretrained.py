@@ -134,8 +134,8 @@ def weight_files(folder):
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map); "
                               f"{SAVE_AGAIN}") from None
-        plain = [isinstance(n, str) and n == os.path.basename(n) and n.endswith(".safetensors") for n in names]
-        if not all(plain):
+        if not all(isinstance(n, str) and os.path.basename(n) == n and n.endswith(".safetensors")
+                   for n in names):
             raise ConfigError(f"{index} names files outside its folder or not .safetensors; {SAVE_AGAIN}")
         files = [os.path.join(folder, n) for n in names]
     elif any(os.path.lexists(os.path.join(folder, n)) for n in ("pytorch_model.bin", "tf_model.h5")):

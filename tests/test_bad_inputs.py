@@ -47,6 +47,7 @@ from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, work
     (["--op=attention", "--gamma_init=-0.5"], "gamma_init is not a control of op='attention'"),
     (["--op=mix", "--gamma_min=0.0", "--gamma_init=-0.5"], "gamma_init=-0.5 is below gamma_min=0.0"),
     (["--op=laplacian", "--laplacian_heads=3"], "laplacian_heads=3 is not allowed"),
+    (["--op=mix_ab", "--delta_init=0"], "delta_init=0 is not allowed: it silences every head"),
     (["--n_head=3"], "n_embd=32 is not allowed: it must be divisible by n_head=3"),
     (["--n_layer=2.5"], "n_layer=2.5 is not allowed: it must be an integer"),
     (["--n_layer=True"], "n_layer=True is not allowed: it must be an integer"),  # a bool is not a number

@@ -10,6 +10,7 @@ one-line exits, and sampling. Bad inputs: test_bad_inputs.py.
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -563,6 +564,20 @@ def test_ddp_two_processes_match_one(workdir):
     assert ([r["tokens"] for r in read_log("out/ddp", "train")]
             == [r["tokens"] for r in read_log("out/single", "train")])
 
+
+
+@pytest.mark.slow
+def test_eval_only_under_torchrun_with_the_default_accumulation(workdir):
+    """Evaluation accumulates nothing: 2 torchrun processes evaluate a one-process run whose settings are the
+    defaults (gradient_accumulation_steps=1, which training with 2 processes refuses), as one process did."""
+    run("--max_iters=2", "--eval_interval=2", "--out_dir=out/one")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        os.path.join(ROOT, "train.py"), *TINY, "--eval_only=True", "--out_dir=out/one"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    val = float(re.search(r"step 2: train loss [0-9.]+, val loss ([0-9.]+)", p.stdout).group(1))
+    assert val == pytest.approx(read_log("out/one", "eval")[-1]["val_loss"], abs=1e-4)
 
 def test_finetune_from_local_gpt2_starts_at_attention(workdir):
     transformers = pytest.importorskip("transformers")
