@@ -67,7 +67,7 @@ class CausalSelfAttention(nn.Module):
             K = torch.cat((cache["k"], k), dim=2) if cache else k  # (B, nh, t, hs) every key so far
             V = torch.cat((cache["v"], v), dim=2) if cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
-            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: only x's own values
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own v only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
