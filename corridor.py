@@ -301,7 +301,7 @@ def confirmations(groups):
 
 
 # -----------------------------------------------------------------------------
-# Figures: what each shows is computed here, and figures.py draws it
+# Figures: what each shows is computed here, and support/figures.py draws it
 
 X_LABEL = {"tokens": "tokens", "iter": "iteration"}
 

@@ -1,5 +1,5 @@
 """
-Data for nanoCorridor: turn a text corpus into token shards (read back for training by dataloader.py).
+Data for nanoCorridor: turn a text corpus into token shards (read back for training by support/dataloader.py).
 
     python prepare_data.py pydocs                         # offline default: CPython's own documentation text
     python prepare_data.py shakespeare_char               # tiny shakespeare (needs internet)
@@ -11,9 +11,9 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
 Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
-dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an interrupted
-preparation never looks finished. The same command again finishes it; openwebtext and fineweb10B keep every
-finished file. One preparation of a dataset runs at a time: a second one (two train.py runs preparing
+support/dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an
+interrupted preparation never looks finished. The same command again finishes it; openwebtext and
+fineweb10B keep every finished file. One preparation of a dataset runs at a time: a second one (two train.py runs preparing
 pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
