@@ -13,8 +13,8 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
 Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
 support/dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an
 interrupted preparation never looks finished. The same command again finishes it; openwebtext and
-fineweb10B keep every finished file. One preparation of a dataset runs at a time: a second one (two train.py runs preparing
-pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+fineweb10B keep every finished file. One preparation of a dataset runs at a time: a second one (two
+train.py runs preparing pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
 - openwebtext: the 80 parquet files of Skylion007/openwebtext (`datasets` 4+ no longer runs its loading
