@@ -69,12 +69,14 @@ def nonempty(key, value):
 
 
 def optional(kind, rule=None):
-    """None, or a value of type kind (that passes rule): for settings whose default is None."""
+    """None, or a value of type kind (that passes rule), whatever the default (sample.py's top_k=200 may be
+    None: all tokens)."""
     def check(key, value):
         if value is None:
             return None
         value = typed(key, value, kind)
         return rule(key, value) if rule else value
+    check.allows_none = True
     return check
 
 
@@ -98,9 +100,10 @@ def check(key, value, defaults, rules):
         close = difflib.get_close_matches(key, defaults, n=3)
         raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                           "; python SCRIPT --help lists them all"))
-    if defaults[key] is not None:
+    rule = rules.get(key)
+    if defaults[key] is not None and not (value is None and getattr(rule, "allows_none", False)):
         value = typed(key, value, type(defaults[key]))
-    return rules[key](key, value) if key in rules else value
+    return rule(key, value) if rule else value
 
 
 def parse_value(text, default):

@@ -658,6 +658,12 @@ def test_sample_bad_inputs(finished_run, args, words):
     assert words in one_line_error(sample.main, [f"--out_dir={finished_run}", *args])
 
 
+def test_sample_top_k_none_samples_from_every_token(finished_run, capsys):
+    """--top_k=None, as nanoGPT's generate takes it: no cut, although the default is a number (200)."""
+    texts = sample.main([f"--out_dir={finished_run}", "--top_k=None", "--max_new_tokens=5", "--num_samples=1"])
+    assert len(texts) == 1 and texts[0].startswith("\n")
+
+
 def test_sample_on_a_cpu_only_machine(finished_run):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

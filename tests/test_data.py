@@ -491,6 +491,7 @@ META_REFUSED = "does not describe a dataset .tokenizer char, byte or gpt2; vocab
     ({"tokenizer": "char", "chars": ["\n", "a", "b"], "vocab_size": 3}, False),
     ({"tokenizer": "byte", "vocab_size": 1}, True),  # the smallest vocabulary
     ({"tokenizer": "byte", "vocab_size": 0}, False),
+    ({"tokenizer": "byte", "vocab_size": 256}, True), ({"tokenizer": "byte", "vocab_size": 300}, False),
     ({"tokenizer": "gpt2", "vocab_size": 65536}, True),  # the largest that fits uint16 ids
     ({"tokenizer": "gpt2", "vocab_size": 65537}, False),
     ({"tokenizer": "gpt2", "vocab_size": 50257.0}, False), ({"tokenizer": "byte", "vocab_size": True}, False),
