@@ -660,7 +660,8 @@ def test_sample_bad_inputs(finished_run, args, words):
 
 def test_sample_top_k_none_samples_from_every_token(finished_run, capsys):
     """--top_k=None, as nanoGPT's generate takes it: no cut, although the default is a number (200)."""
-    texts = sample.main([f"--out_dir={finished_run}", "--top_k=None", "--max_new_tokens=5", "--num_samples=1"])
+    argv = [f"--out_dir={finished_run}", "--top_k=None", "--max_new_tokens=5", "--num_samples=1"]
+    texts = sample.main(argv)
     assert len(texts) == 1 and texts[0].startswith("\n")
 
 

@@ -325,6 +325,22 @@ def test_the_numbers_docs_quote():
             and g["config"].get("gamma_init", 0.0) <= 0]
     assert len(free) > 10 and all(g["deep_mean"] == 1.0 for g in free)
     assert groups["mix_gamma_nonneg"]["deep_mean"] == groups["mix_start_p05"]["deep_mean"] == 0.0
+    # the headline variants judged again on seeds 100-107, on which nothing was chosen (results.md, README)
+    quoted = {"mix_lr10_fixed_delta": ((-0.0160, -0.0204, -0.0116), 8, (-0.0162, 16)),
+              "mix_fixed_gamma_m03": ((-0.0118, -0.0182, -0.0054), 7, (-0.0154, 15)),
+              "mix_start_m03": ((-0.0064, -0.0156, 0.0027), 6, (-0.0100, 14))}
+    rows = {r["setting"]: r for r in corridor.confirmations(list(groups.values()))}
+    assert set(rows) == set(quoted)
+    for setting, ((mean, low, high), lower, (pooled, pooled_lower)) in quoted.items():
+        confirmation, both = rows[setting]["confirmation"], rows[setting]["pooled"]
+        assert round(confirmation["paired_mean"], 4) == mean
+        assert confirmation["paired_seeds"] == [*range(100, 108)]
+        assert [round(x, 4) for x in confirmation["ci"]] == [low, high] and confirmation["k_lower"] == lower
+        assert (round(both["paired_mean"], 4), both["k_lower"], both["n_pairs"]) == (pooled, pooled_lower, 16)
+    assert [round(rows[s]["confirmation"]["p_t"], 4) for s in quoted] == [0.0001, 0.0033, 0.1400]
+    s = corridor.paired_stats([val[f"mix_lr10_fixed_delta_s{k}"] - val[f"mix_fixed_gamma_m03_s{k}"]
+                               for k in range(100, 108)])
+    assert round(s["paired_mean"], 4) == -0.0042 and round(s["p_t"], 4) == 0.2238
 
 
 
