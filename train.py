@@ -103,8 +103,8 @@ def build_model(cfg, given, meta, ckpt):
     A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
     config, controls = settings.model_settings(cfg, given)
     if ckpt is not None:
-        settings.check_same_data(ckpt, meta, cfg.dataset)
         model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
+        settings.check_same_data(ckpt, meta, cfg.dataset)
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "

@@ -297,6 +297,7 @@ def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypa
     assert e.value.code == 1  # silent: the line is printed once, by rank 0
 
 
+@pytest.mark.slow
 def test_resume_rechecks_the_checkpoints_settings_and_stays_where_the_run_is(finished_run):
     """A resumed run's settings come from its checkpoint and are checked again (a setting this code no longer
     has is skipped, a bad value refused); out_dir is where the run is now, not where it was trained."""
@@ -331,6 +332,7 @@ def test_read_only_out_dir(workdir):
     assert "out_dir='ro/run' cannot hold a run: Permission denied" in train_error("--out_dir=ro/run")
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_never_overwritten(finished_run):
     before = {f: open(f"{finished_run}/{f}", "rb").read() for f in os.listdir(finished_run)}
     assert ("already holds a run; continue it with --init_from=resume"
@@ -340,6 +342,7 @@ def test_a_finished_run_is_never_overwritten(finished_run):
     assert {f: open(f"{finished_run}/{f}", "rb").read() for f in os.listdir(finished_run)} == before
 
 
+@pytest.mark.slow
 def test_a_run_without_its_checkpoint_is_not_overwritten_either(finished_run):
     os.remove(f"{finished_run}/ckpt.pt")  # say, to save disk: its log and config are still the run's record
     log = open(f"{finished_run}/log.jsonl").read()
@@ -350,6 +353,7 @@ def test_a_run_without_its_checkpoint_is_not_overwritten_either(finished_run):
     assert "already holds a run" in train_error(f"--out_dir={finished_run}")
 
 
+@pytest.mark.slow
 def test_a_run_killed_while_starting_can_start_again(finished_run):
     """Killed after its "start" record but before any training: nothing is lost by starting over there."""
     start = open(f"{finished_run}/log.jsonl").readline()
@@ -367,6 +371,7 @@ def test_a_run_killed_while_starting_can_start_again(finished_run):
     ("[1, 2]\n", "line 3 is not a record train.py wrote"),
     ("not json\n", "line 3 is not a record train.py wrote"),
 ])
+@pytest.mark.slow
 def test_a_hand_edited_log_is_never_cut_short(finished_run, line, words):
     lines = open(f"{finished_run}/log.jsonl").readlines()
     open(f"{finished_run}/log.jsonl", "w").writelines(lines[:2] + [line] + lines[2:])
@@ -378,6 +383,7 @@ def test_a_hand_edited_log_is_never_cut_short(finished_run, line, words):
         assert open(f"{finished_run}/log.jsonl").readlines() == lines[:2] + [line] + lines[2:]
 
 
+@pytest.mark.slow
 def test_resume_on_another_dataset_is_refused(finished_run):
     from support.dataloader import write_shard
     os.makedirs("data/abc")
@@ -399,6 +405,7 @@ def test_the_lock_file_names_its_holder(workdir):
     assert open("out/l/lock").read() == ""
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(workdir, capsys):
     os.makedirs("out/busy")
     holder = subprocess.Popen([sys.executable, "-c",
@@ -558,6 +565,7 @@ def test_run_log_lines_are_on_disk_at_once_and_a_resume_continues_them(workdir, 
     (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),
      "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 202304 vs 202192"),
 ])
+@pytest.mark.slow
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(finished_run, monkeypatch, error, words):
     def full_disk(obj, f, *args, **kwargs):  # f: the temporary, opened by atomic_write
         f.write(b"half a checkpoint")
@@ -653,11 +661,13 @@ def test_dataset_without_meta_json(workdir):
     (["--num_samples=0"], "num_samples=0 is not allowed"),
     (["config/x.py"], "unexpected argument 'config/x.py': settings look like --key=value"),
 ])
+@pytest.mark.slow
 def test_sample_bad_inputs(finished_run, args, words):
     open("latin1.txt", "wb").write("café".encode("latin-1"))
     assert words in one_line_error(sample.main, [f"--out_dir={finished_run}", *args])
 
 
+@pytest.mark.slow
 def test_sample_top_k_none_samples_from_every_token(finished_run, capsys):
     """--top_k=None, as nanoGPT's generate takes it: no cut, although the default is a number (200)."""
     argv = [f"--out_dir={finished_run}", "--top_k=None", "--max_new_tokens=5", "--num_samples=1"]
@@ -665,6 +675,7 @@ def test_sample_top_k_none_samples_from_every_token(finished_run, capsys):
     assert len(texts) == 1 and texts[0].startswith("\n")
 
 
+@pytest.mark.slow
 def test_sample_on_a_cpu_only_machine(finished_run):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -686,6 +697,7 @@ def test_sample_on_a_cpu_only_machine(finished_run):
     # no config files
     (["bench_config.py"], "unexpected argument 'bench_config.py': settings look like --key=value"),
 ])
+@pytest.mark.slow
 def test_bench_bad_inputs(args, words):
     assert words in one_line_error(bench.main, ["--iters=1", "--repeats=1", *args])
 
@@ -720,6 +732,7 @@ def test_bench_gpt2_step_needs_cuda():
     ("model.py", ["--op=softmax"], "op='softmax' is not allowed"),
     ("model.py", ["laplacian"], "unexpected argument 'laplacian'"),
 ])
+@pytest.mark.slow
 def test_command_lines_print_one_line(workdir, script, args, words):
     p = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True)
     assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1 and words in p.stderr, p.stderr

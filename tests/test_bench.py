@@ -218,6 +218,7 @@ def test_nanogpt_table_keeps_each_contestants_best_repeat(clock, monkeypatch, st
                                                         "| ours, op=mix | 31.00 | 1.033 |"]
 
 
+@pytest.mark.slow
 def test_nanogpt_comparison_runs_end_to_end(stand_in_nanogpt, capsys):
     """Real training steps (one timed repeat of one step each) against the stand-in, with the real clock."""
     best = bench.main(["--what=nanogpt", f"--nanogpt={stand_in_nanogpt}", "--repeats=1", "--iters=1"])

@@ -886,6 +886,7 @@ def test_unusable_out_dir_is_one_line(tmp_path, monkeypatch, case):
     one_line_error(excinfo)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     (tmp_path / "f").write_text("not a folder")
     for args, start in ([["text", f"--input={tmp_path}/nope"], "error: --input="],

@@ -92,6 +92,7 @@ def test_token_bytes_of_each_tokenizer(tiny_enc):
     assert len(gpt2) == 257 and gpt2[:256].tolist() == [1] * 256 and gpt2[256] == 0  # end-of-text: no text
 
 
+@pytest.mark.slow
 def test_bits_per_byte_and_gradient_norm_in_every_record(workdir, capsys):
     """A char vocabulary with 1-, 2- and 3-byte characters: bits per byte = the val loss in bits per token ×
     tokens / the UTF-8 bytes of the predicted characters, counted here by hand."""
@@ -136,6 +137,7 @@ def test_wandb_gets_every_heads_gamma_and_delta(workdir, monkeypatch):
     assert all("grad_norm" in numbers for step, numbers in logged if "loss" in numbers)
 
 
+@pytest.mark.slow
 def test_save_every_keeps_step_checkpoints_and_resume_reads_ckpt(workdir, capsys):
     run("--max_iters=4", "--eval_interval=2", "--save_every=2", "--out_dir=out/s")
     for it in (2, 4):
@@ -290,6 +292,7 @@ def checkpoint_model(out):
     return model.eval()
 
 
+@pytest.mark.slow
 def test_train_scores_hellaswag_when_asked(workdir, capsys):
     """In training (at multiples of hellaswag_interval, logged) and with eval_only on the checkpoint: the
     score is hellaswag.score's on that model. A char dataset is refused: its vocabulary lacks HellaSwag's

@@ -96,6 +96,7 @@ def test_greedy_generation_equals_a_full_forward_per_token(monkeypatch, op, impl
     assert lengths == [5] + [1] * (BLOCK - 5) + [BLOCK] * (n - 1 - (BLOCK - 5))
 
 
+@pytest.mark.slow
 def test_triton_prompt_then_cached_tokens_equal_its_full_forward(monkeypatch):
     """impl=triton computes the prompt with the fused kernel; one-token queries go through SDPA."""
     pytest.importorskip("triton")
@@ -110,6 +111,7 @@ def test_triton_prompt_then_cached_tokens_equal_its_full_forward(monkeypatch):
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, None), (0.7, 5)])
+@pytest.mark.slow
 def test_sampling_with_a_seed_gives_the_uncached_tokens(temperature, top_k):
     model, idx, n = tiny_model("mix"), prompts(), 2 * BLOCK + 5
     torch.manual_seed(7)

@@ -56,6 +56,7 @@ HANDED_BACK = """if 1:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc")
+@pytest.mark.slow
 def test_keep_freed_memory_keeps_what_is_freed():
     """The mechanism, which no load changes: by default glibc returns large freed blocks to the OS (unmapping
     them, or trimming the heap's free top); after keep_freed_memory() it keeps them for the next malloc."""

@@ -18,10 +18,11 @@ import prepare_data
 import sample
 import train
 from helpers import ROOT
+from support import settings
 from support.configurator import comments
 
 SCRIPTS = {  # script -> (its settings, how it is asked for --help)
-    "train": (train.defaults, lambda: train.parse_config(["--help"])),
+    "train": (lambda: settings.defaults(train.DEFAULTS), lambda: train.parse_config(["--help"])),
     "sample": (lambda: sample.DEFAULTS, lambda: sample.main(["--help"])),
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),
     "corridor": (lambda: corridor.OPTIONS, lambda: corridor.main(["--help"])),
@@ -75,6 +76,7 @@ def test_prepare_data_corpus_help_lists_the_options_it_takes(monkeypatch, capsys
     assert set(listed) == prepare_data.CORPORA[corpus] | {"out_dir"} and all(listed.values())
 
 
+@pytest.mark.slow
 def test_help_of_the_real_command_line():
     """`python train.py --help` itself: the settings' comments are read from the script run as __main__."""
     p = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=ROOT)

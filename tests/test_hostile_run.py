@@ -48,6 +48,7 @@ def assert_one_line(p, words):
 
 
 @pytest.mark.parametrize("name", ["lock", "log.jsonl", "config.json", "ckpt.pt"])  # all that a run writes
+@pytest.mark.slow
 def test_a_link_in_a_run_directory_is_refused_and_its_target_untouched(finished_run, name):
     os.rename(f"{finished_run}/{name}", f"victim_{name}")
     before = open(f"victim_{name}", "rb").read()
@@ -65,6 +66,7 @@ def test_a_link_named_lock_in_a_new_run_directory_is_refused(workdir):
     assert open("victim").read() == "precious"
 
 
+@pytest.mark.slow
 def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
     open("victim", "w").write("precious")
     os.remove(f"{finished_run}/lock")
@@ -74,6 +76,7 @@ def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
 
 
 @pytest.mark.parametrize("name", ["ckpt.pt.tmp", "config.json.tmp", "log.jsonl.tmp"])
+@pytest.mark.slow
 def test_links_planted_where_temporaries_once_were_are_never_written_through(finished_run, name):
     open("victim", "w").write("precious")
     os.symlink(os.path.abspath("victim"), f"{finished_run}/{name}")
@@ -82,6 +85,7 @@ def test_links_planted_where_temporaries_once_were_are_never_written_through(fin
     assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
 
 
+@pytest.mark.slow
 def test_a_fifo_as_the_log_is_refused_not_waited_on(finished_run):
     os.remove(f"{finished_run}/log.jsonl")
     os.mkfifo(f"{finished_run}/log.jsonl")
@@ -104,6 +108,7 @@ def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
         read_regular("file", 3)
 
 
+@pytest.mark.slow
 def test_corridor_never_writes_a_figure_through_a_link(finished_run, capsys):
     open("victim.png", "wb").write(b"precious")
     os.symlink(os.path.abspath("victim.png"), f"{finished_run}/val_loss.png")
@@ -112,6 +117,7 @@ def test_corridor_never_writes_a_figure_through_a_link(finished_run, capsys):
     assert open("victim.png", "rb").read() == b"precious"
 
 
+@pytest.mark.slow
 def test_corridor_on_a_deeply_nested_config(finished_run, capsys):
     open(f"{finished_run}/config.json", "w").write("[" * 100_000 + "]" * 100_000)
     assert corridor.main([finished_run]) == 1
@@ -152,6 +158,7 @@ def test_fine_tuning_into_the_pretrained_folder_is_refused(workdir):
     assert {name: open(f"tiny-gpt2/{name}", "rb").read() for name in os.listdir("tiny-gpt2")} == before
 
 
+@pytest.mark.slow
 def test_an_empty_folder_and_a_run_killed_while_starting_are_ours(workdir):
     os.makedirs("out/empty")
     train.main(QUICK + ["--out_dir=out/empty"])
@@ -170,6 +177,7 @@ def test_what_counts_as_a_runs_temporary():
     assert not rundir.is_temporary("ckpt.pt.tmp") and not rundir.is_temporary(".notes.txt.0123abcd.tmp")
 
 
+@pytest.mark.slow
 def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
     edit_checkpoint(finished_run, lambda ckpt: ckpt["config"].update(init_from="/gone/tiny-gpt2"))
     train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])
@@ -179,6 +187,7 @@ def test_a_run_fine_tuned_from_a_folder_since_moved_resumes(finished_run):
 # --- settings given on resume run ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_optimizer_settings_given_on_resume_reach_the_optimizer(finished_run, capsys):
     given = ["--weight_decay=0.0", "--beta2=0.5", "--op_lr_scale=10"]
     train.main(QUICK + [f"--out_dir={finished_run}", *RESUME, *given])
@@ -194,6 +203,7 @@ def test_optimizer_settings_given_on_resume_reach_the_optimizer(finished_run, ca
 # --- hostile checkpoints ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adamw_moments_of_the_wrong_shape_are_refused_not_a_crash(finished_run):
     def shrink(ckpt):
         entry = ckpt["optimizer"]["state"][0]
@@ -220,6 +230,7 @@ def set_state(key, value):
     (lambda ckpt: ckpt["optimizer"]["state"].update({99: {}}), "the entry of parameter 99 "),
     (lambda ckpt: ckpt["optimizer"]["param_groups"].pop(), "other parameter groups"),
 ])
+@pytest.mark.slow
 def test_optimizer_states_that_do_not_fit_the_parameters_are_refused(finished_run, edit, words):
     edit_checkpoint(finished_run, edit)
     assert "the checkpoint's optimizer state does not fit this model (" + words in train_error(
@@ -256,6 +267,7 @@ WPE = "transformer.wpe.weight"
     (lambda c: c["model_args"].update(n_layer=10**9), "n_layer=1000000000 but the weights have 1 layers"),
     (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
 ])
+@pytest.mark.slow
 def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finished_run, edit, words):
     edit_checkpoint(finished_run, edit)
     line = one_line_error(sample.main, [f"--out_dir={finished_run}"])
@@ -282,6 +294,7 @@ def test_sample_settings_that_would_overflow(finished_run, arg, words):
     assert one_line_error(sample.main, [f"--out_dir={finished_run}", arg]) == f"error: {words}"
 
 
+@pytest.mark.slow
 def test_a_prompt_file_that_never_ends_is_refused(finished_run):
     os.mkfifo("prompt")
     p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={finished_run}",
@@ -291,6 +304,7 @@ def test_a_prompt_file_that_never_ends_is_refused(finished_run):
                        "file\n"
 
 
+@pytest.mark.slow
 def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
     demo = [sys.executable, os.path.join(ROOT, "model.py")]
     p = subprocess.run(demo + ["--op=attention", "--gamma=-0.9"], capture_output=True, text=True)

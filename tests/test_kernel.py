@@ -492,6 +492,7 @@ def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
     assert "tests=3 is not allowed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_kernel_check_help_prints_help_and_checks_nothing():
     import subprocess
     import sys

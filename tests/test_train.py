@@ -333,6 +333,7 @@ def finish_after_kill(out):
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_resume_is_bit_exact(workdir):
     p = train_process("out/straight")
     assert p.wait() == 0, p.stderr.read()[-2000:]
