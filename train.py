@@ -25,8 +25,8 @@ from support import hellaswag, settings
 from support.configurator import ConfigError
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
 from support.hardware import ddp_env, end_process, exit_status, start_process
-from support.rundir import (Run, load_optimizer_state, model_from_checkpoint, save_checkpoint, start_run_dir,
-                            stop_if_not_finite, unlock_run_dir, why)
+from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint, save_checkpoint,
+                            start_run_dir, stop_if_not_finite, unlock_run_dir, why)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -324,12 +324,14 @@ def compiled_and_wrapped(model, cfg, run):
 
 
 def main(argv=None):
+    cfg = None
     try:
-        return train(*parse_config(sys.argv[1:] if argv is None else argv))
+        cfg, given = parse_config(sys.argv[1:] if argv is None else argv)
+        return train(cfg, given)
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
-        sys.exit("interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)")
+        sys.exit(interrupted(cfg))  # how to go on: resume from the checkpoint, or the same command again
 
 
 if __name__ == "__main__":

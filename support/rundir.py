@@ -162,29 +162,43 @@ def claim_run_dir(out_dir, resuming):
                           "choose another --out_dir") from None
     if not resuming and holds_a_run(out_dir):  # checked under the lock: no other run can be finishing
         unlock_run_dir(out_dir)
-        raise ConfigError(f"{out_dir} already holds a run; continue it with --init_from=resume, evaluate "
-                          "it with --eval_only=True, or choose another --out_dir "
+        go_on = "continue it with --init_from=resume, evaluate it with --eval_only=True,"
+        if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+            go_on = "its ckpt.pt is gone, so it cannot be resumed:"
+        raise ConfigError(f"{out_dir} already holds a run; {go_on} or choose another --out_dir "
                           f"(rm -r {out_dir} to start over)")
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that recorded any
-    training. A run killed while starting has logged only its "start" record: starting again loses nothing."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that records one (an
+    evaluation after iteration 0 saved one) or that this code cannot read. A run stopped before its first
+    checkpoint has logged only its start, training steps and the evaluation at iteration 0: there is nothing
+    to resume, and starting again there loses nothing."""
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
     if not os.path.lexists(log):
         return False
     with open_regular(log) as f:  # stray bytes in a log: still a log
-        return any(line.strip() and not is_start_record(line) for line in f)
+        return any(line.strip() and not before_first_checkpoint(line) for line in f)
 
 
-def is_start_record(line):
+def before_first_checkpoint(line):
     try:
         record = json.loads(line)
     except ValueError:
         return False
-    return isinstance(record, dict) and record.get("event") == "start"
+    if not isinstance(record, dict):
+        return False
+    event = record.get("event")
+    return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
+
+
+def interrupted(cfg):
+    """What Ctrl-C says: how to go on from what out_dir holds (cfg None: stopped while reading settings)."""
+    if cfg is not None and not cfg.eval_only and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
+        return "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
+    return "interrupted before any checkpoint was written (nothing is lost): run the same command again"
 
 
 # what a checkpoint holds, and the type of each entry: checked before anything uses it

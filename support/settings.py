@@ -88,8 +88,12 @@ def check_same_data(ckpt, meta, dataset):
     """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
     keys = ("tokenizer", "vocab_size", "chars")
     if any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
+        trained_on = ckpt["config"].get("dataset")
+        fix = f"use --dataset={trained_on}"
+        if trained_on in (None, dataset):  # the same name, prepared again since (with another vocabulary)
+            fix = "prepare it again as it was when the run began, or start a new run in another --out_dir"
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
-                          f"tokenizer or vocabulary); use --dataset={ckpt['config'].get('dataset')}")
+                          f"tokenizer or vocabulary); {fix}")
 
 
 def model_settings(cfg, given):

@@ -22,7 +22,7 @@ from support import rundir
 import sample
 import train
 from support.configurator import ConfigError, check, configure
-from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, workdir  # noqa: F401 (fixtures)
+from helpers import QUICK, ROOT, finished_run, one_line_error, read_log, train_error, workdir  # noqa: F401
 
 # --- train.py: settings -------------------------------------------------------------------------------------
 
@@ -270,13 +270,29 @@ def test_no_mps_here(workdir):
 
 
 def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
+    """Resume where a checkpoint is; before the first one (or while preparing data, or evaluating), the same
+    command again: which a run stopped before its first checkpoint accepts."""
     def interrupted(cfg, given):
         raise KeyboardInterrupt
+    real_train = train.train
     monkeypatch.setattr(train, "train", interrupted)
+    for args in ([], ["--eval_only=True"]):
+        with pytest.raises(SystemExit) as e:
+            train.main(QUICK + args)
+        assert e.value.code == ("interrupted before any checkpoint was written (nothing is lost): run the same "
+                                "command again")
+    os.makedirs("out/run")
+    open("out/run/ckpt.pt", "wb").close()
     with pytest.raises(SystemExit) as e:
         train.main(QUICK)
     assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
                             "(same --out_dir)")
+    os.remove("out/run/ckpt.pt")  # a run stopped at iter 1, before its first checkpoint: the same command again
+    open("out/run/log.jsonl", "w").write('{"event": "start", "iter": 0}\n{"event": "eval", "iter": 0}\n'
+                                         '{"event": "train", "iter": 1}\n')
+    monkeypatch.setattr(train, "train", real_train)
+    train.main(QUICK + ["--out_dir=out/run"])
+    assert [r["event"] for r in read_log("out/run")][-1] == "done"
 
 
 def test_ddp_settings_are_checked_and_reported_by_rank_0_alone(workdir, monkeypatch):
@@ -468,7 +484,11 @@ def test_a_failed_first_write_leaves_nothing(workdir, error, reason):
     ("", False, False),
     ("\n\n", False, False),  # blank lines record nothing
     ('{"event": "start", "iter": 0}\n\n', False, False),
-    ('{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n', False, True),
+    # stopped before its first checkpoint: nothing to resume, nothing lost by starting there again
+    ('{"event": "start", "iter": 0}\n{"event": "eval", "iter": 0}\n{"event": "train", "iter": 1}\n', False,
+     False),
+    ('{"event": "start", "iter": 0}\n{"event": "train", "iter": 1}\n{"event": "eval", "iter": 2}\n', False,
+     True),
     ('"start"\n', False, True),  # JSON, but no record train.py writes
     ("[1, 2]\n", False, True),
     (None, True, True),  # a checkpoint alone is a run

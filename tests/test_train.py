@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -407,6 +408,12 @@ def test_resume_refuses_another_alphabet_of_the_same_size(workdir):
         run("--dataset=xyz", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
     run("--dataset=abc_copy", "--init_from=resume", "--max_iters=4", "--out_dir=out/c")
     assert torch.load("out/c/ckpt.pt", weights_only=True)["meta"]["chars"] == "abc"
+    run("--dataset=abc", "--max_iters=2", "--eval_interval=2", "--out_dir=out/d")
+    shutil.rmtree("data/abc")  # prepared again under its own name, with a larger alphabet
+    char_dataset("abc", "abcd")
+    with pytest.raises(ConfigError, match=r"not the one the checkpoint was trained on .*; prepare it again as "
+                                          r"it was when the run began, or start a new run in another --out_dir$"):
+        run("--dataset=abc", "--init_from=resume", "--max_iters=4", "--out_dir=out/d")  # not --dataset=abc
 
 
 def test_resume_keeps_the_best_val_loss_and_the_token_count(workdir):
@@ -513,14 +520,13 @@ def test_main_says_a_bad_setting_once(monkeypatch, rank, code):
     assert e.value.code == code
 
 
-def test_main_on_ctrl_c_says_how_to_continue(monkeypatch):
+def test_main_on_ctrl_c_says_how_to_continue(workdir, monkeypatch):
     def interrupted(*args):
         raise KeyboardInterrupt
     monkeypatch.setattr(train, "train", interrupted)
     with pytest.raises(SystemExit) as e:
         train.main(["--max_iters=2"])
-    assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
-                            "(same --out_dir)")
+    assert e.value.code.startswith("interrupted before any checkpoint was written")  # none in out/run
 
 
 def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
