@@ -279,15 +279,15 @@ def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
     for args in ([], ["--eval_only=True"]):
         with pytest.raises(SystemExit) as e:
             train.main(QUICK + args)
-        assert e.value.code == ("interrupted before any checkpoint was written (nothing is lost): run the same "
-                                "command again")
+        assert e.value.code == ("interrupted before any checkpoint was written (nothing is lost): run the "
+                                "same command again")
     os.makedirs("out/run")
     open("out/run/ckpt.pt", "wb").close()
     with pytest.raises(SystemExit) as e:
         train.main(QUICK)
     assert e.value.code == ("interrupted: continue from the last checkpoint with --init_from=resume "
                             "(same --out_dir)")
-    os.remove("out/run/ckpt.pt")  # a run stopped at iter 1, before its first checkpoint: the same command again
+    os.remove("out/run/ckpt.pt")  # a run stopped at iter 1, before its first checkpoint: the same command
     open("out/run/log.jsonl", "w").write('{"event": "start", "iter": 0}\n{"event": "eval", "iter": 0}\n'
                                          '{"event": "train", "iter": 1}\n')
     monkeypatch.setattr(train, "train", real_train)
