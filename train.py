@@ -198,8 +198,7 @@ class Evaluation:
 
 def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens_per_iter):
     """The console line and log record of a training step; loss and grad_norm are read here."""
-    sequences = tokens_per_iter // (run.world_size * run.cfg.block_size)  # per process: B × micro-steps
-    mfu = model.estimate_mfu(sequences, dt_iter)
+    mfu = model.estimate_mfu(tokens_per_iter // (run.world_size * run.cfg.block_size), dt_iter)
     lossf = loss.item()  # a sync with the device: only every log_interval
     stop_if_not_finite("the training loss", lossf, iter_num, run.cfg.out_dir)
     grad_normf = grad_norm.item()  # this iteration's, before clipping
