@@ -585,6 +585,9 @@ def main(argv):
         what = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
         print(f"error: {what}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a file being written is left as it was (atomic_write)
+        print("interrupted", file=sys.stderr)
+        return 1
     if written:
         print("\nwrote " + "\n      ".join(written))
     return 0

@@ -106,6 +106,8 @@ def main(argv):
         return sample(*configure(DEFAULTS, argv, RULES, files=False, help_from=help_from))
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # sampling writes nothing
+        sys.exit("interrupted")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,14 @@ def read_json(path):
         raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
 
 
+def is_utf8(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, which JSON's \ud800 spells and UTF-8 cannot
+        return False
+    return True
+
+
 def check_meta(meta, where, remedy="prepare the dataset again"):
     """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
     or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
@@ -132,11 +140,11 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
         type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
         chars = meta.get("chars")
-        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
+        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"] and is_utf8(chars)
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
-                        "integer in 1..65536, at most 256 for byte; chars for char): it was edited or comes "
+                        "integer in 1..65536, at most 256 for byte; chars, UTF-8 text, for char): it was edited or comes "
                         f"from elsewhere; {remedy}")
     tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
     counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \

@@ -98,9 +98,11 @@ def atomic_write(path, write):
         with open_regular(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)  # replaces the name path, never a file a link might lead to
-    except Exception as e:  # OSError, and torch.save's RuntimeError when the disk fills up mid-file
+    except BaseException as e:  # OSError, torch.save's RuntimeError on a full disk, Ctrl-C mid-file
         if os.path.lexists(tmp):
             os.remove(tmp)
+        if not isinstance(e, Exception):  # Ctrl-C: the caller says so, and path is as it was
+            raise
         kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
         reason = e.strerror if isinstance(e, OSError) and e.strerror else why(e)
         raise OSError(f"{reason} while writing {path}; {kept}") from None

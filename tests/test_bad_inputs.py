@@ -92,6 +92,9 @@ def test_bad_config_files(workdir):
     (workdir / "leave.py").write_text("import sys\nsys.exit('bye')\n")
     assert "config file leave.py failed: SystemExit: bye" in train_error("leave.py")  # exiting is failing
     assert "unknown setting 'n_layers'; did you mean n_layer" in train_error("typo.py")
+    (workdir / "config.json").write_text('{"n_layer": 2, "compile": null, "eval_only": false}')  # a run's
+    line = train_error("config.json")
+    assert "config.json is JSON, but config files are Python" in line and "--init_from=resume" in line
     os.makedirs("folder.py")  # a directory is no config file
     assert train_error("folder.py") == ("error: config file folder.py is a folder, not a regular file "
                                         "(only regular files are read or written, never through a link); "
@@ -477,6 +480,16 @@ def test_a_failed_first_write_leaves_nothing(workdir, error, reason):
         rundir.atomic_write("new.json", fail)
     assert str(e.value) == f"{reason} while writing new.json; nothing was written"
     assert os.listdir(".") == []
+
+
+def test_ctrl_c_in_the_middle_of_a_write_leaves_the_old_file_and_no_temporary(workdir):
+    open("kept.json", "wb").write(b"the old one")
+    def interrupted(f):
+        f.write(b"half a file")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):  # still the user's Ctrl-C, which the script turns into one line
+        rundir.atomic_write("kept.json", interrupted)
+    assert os.listdir(".") == ["kept.json"] and open("kept.json", "rb").read() == b"the old one"
 
 
 @pytest.mark.parametrize("log, ckpt, holds", [
