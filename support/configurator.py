@@ -194,8 +194,8 @@ def read_config_file(path):
         except (Exception, SystemExit) as e:  # a config file that crashes, or exits, is a bad config file
             if path.endswith(".json"):  # a run's config.json, say
                 raise ConfigError(f"config file {path} is JSON, but config files are Python (like "
-                                  "config/train_demo.py); a run's own settings resume with --init_from=resume "
-                                  "--out_dir=ITS_FOLDER") from None
+                                  "config/train_demo.py); a run's own settings resume with "
+                                  "--init_from=resume --out_dir=ITS_FOLDER") from None
             first_line = str(e).splitlines()[0] if str(e) else ""
             raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {first_line}") from None
     return {k: v for k, v in scope.items()

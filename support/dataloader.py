@@ -144,8 +144,8 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
-                        "integer in 1..65536, at most 256 for byte; chars, UTF-8 text, for char): it was edited or comes "
-                        f"from elsewhere; {remedy}")
+                        "integer in 1..65536, at most 256 for byte; chars, UTF-8 text, for char): it was "
+                        f"edited or comes from elsewhere; {remedy}")
     tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
     counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
         all(type(n) is int and n >= 0 for n in tokens.values())
