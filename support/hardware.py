@@ -36,6 +36,9 @@ def ddp_env():
             raise RankError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
         values.append(int(text))
     rank, local_rank, world_size = values
+    port = os.environ.get("MASTER_PORT", "0")
+    if not (port.strip().isdigit() and int(port) < 65536):
+        raise RankError(f"MASTER_PORT={port!r} is not a port number (0-65535); {USE_TORCHRUN}")
     if not local_rank <= rank < world_size:
         raise RankError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
                         f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
@@ -93,7 +96,13 @@ def start_process(cfg, local_rank):
         from torch.distributed import init_process_group
         if device_type == "cuda":
             torch.cuda.set_device(dev)
-        init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        try:
+            init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
+            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
+            raise RankError(f"the DDP process group could not start ({reason}); check MASTER_ADDR, "
+                            "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)"
+                            ) from None
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if device_type == "cpu":

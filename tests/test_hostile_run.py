@@ -323,6 +323,10 @@ def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
     ({"RANK": "abc", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}, "error: rank abc: RANK='abc' is not a whole "),
     ({"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "1"},
      "error: rank 1: RANK=1, LOCAL_RANK=0, WORLD_SIZE=1: a process needs LOCAL_RANK ≤ RANK < WORLD_SIZE"),
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "abc"},
+     "error: MASTER_PORT='abc' is not a port number"),
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
+      "GLOO_SOCKET_IFNAME": "no_such_interface0"}, "error: the DDP process group could not start ("),
 ])
 def test_a_torchrun_environment_set_by_hand_gets_one_line(workdir, monkeypatch, env, words):
     for key, value in env.items():
