@@ -21,20 +21,30 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from support.configurator import ConfigError
+from support.configurator import ConfigError, read_regular
 from support.dataloader import DataError
 from prepare_data import get_tokenizer
 
 
+# prepare_data.py writes 10,042 lines: 1.2 MB of the tests' fake-hub text, several MB of the real text
+HELLASWAG_BYTES = 64 * 2**20
+
+
 def load_examples(out_dir="data"):
-    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}."""
+    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}.
+    The file must be a regular file of at most HELLASWAG_BYTES (a link to /dev/zero or a FIFO is refused,
+    never read)."""
     path = os.path.join(out_dir, "hellaswag", "val.jsonl")
-    if not os.path.exists(path):
-        where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+    where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+    if not os.path.lexists(path):
         raise DataError(f"no HellaSwag at {path}; fetch it with `python prepare_data.py hellaswag{where}`, "
                         "or set hellaswag_interval=0")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    again = f"delete it and prepare it again with `python prepare_data.py hellaswag{where}`"
+    try:
+        lines = read_regular(path, HELLASWAG_BYTES).splitlines()
+    except ConfigError as e:  # a link, a FIFO, a folder, or far too large
+        raise DataError(f"{e}; {again}") from None
+    return [json.loads(line) for line in lines]
 
 
 def render(example, encode, block_size):
