@@ -341,9 +341,28 @@ def test_eval_only_on_a_local_gpt2_reports_hellaswag(workdir, tiny_enc, capsys):
     assert not os.path.exists("out/g")  # eval_only writes nothing
 
 
-# --- a val.jsonl that is not a small regular file: one line naming it -------------------------------------
+# --- a val.jsonl that is not what prepare_data.py writes: one line naming the file and the line -------------
 
 GOOD = json.dumps({"ctx": "The name of the module", "endings": ["is a.", "b.", "c c", "d."], "label": 1})
+
+
+def with_line_2(text):
+    """A val.jsonl of 3 lines, the second one `text` (a dict is written as JSON)."""
+    return "\n".join([GOOD, text if isinstance(text, str) else json.dumps(text), GOOD]) + "\n"
+
+
+EXAMPLE = json.loads(GOOD)
+BROKEN_HELLASWAG = {  # case -> (the file's text, the line the message must name; None: the file as a whole)
+    "no label": (with_line_2({"ctx": "x", "endings": ["a", "b", "c", "d"]}), 2),
+    "five endings": (with_line_2({**EXAMPLE, "endings": ["a", "b", "c", "d", "e"]}), 2),
+    "zero endings": (with_line_2({**EXAMPLE, "endings": []}), 2),
+    "label 4": (with_line_2({**EXAMPLE, "label": 4}), 2),
+    "label as a string": (with_line_2({**EXAMPLE, "label": "1"}), 2),
+    "number as context": (with_line_2({**EXAMPLE, "ctx": 7}), 2),
+    "number as an ending": (with_line_2({**EXAMPLE, "endings": ["a", 2, "c", "d"]}), 2),
+    "not JSON": (with_line_2("{ctx: no quotes"), 2),
+    "blank line": (GOOD + "\n\n" + GOOD + "\n", 2),
+    "empty file": ("", None)}
 
 
 def data_files():
@@ -361,6 +380,20 @@ def hellaswag_refusal():
     assert data_files() == before
     assert not os.path.exists("out")
     return message
+
+
+@pytest.mark.parametrize("case", BROKEN_HELLASWAG)
+def test_a_broken_hellaswag_file_is_refused_with_its_line(workdir, case):
+    text, line = BROKEN_HELLASWAG[case]
+    pd.prepare_documents("bytes", pd.pydocs_documents()[:5], "data", tokenizer="byte")
+    os.makedirs("data/hellaswag")
+    Path("data/hellaswag/val.jsonl").write_text(text, encoding="utf-8")
+    message = hellaswag_refusal()
+    assert "data/hellaswag/val.jsonl" in message and "python prepare_data.py hellaswag" in message
+    if line is not None:
+        assert re.search(rf"\bline {line}\b", message), message
+        assert all(field in message for field in ("ctx", "endings", "label"))  # what a line must be
+    assert "line 1 " not in message and "line 3" not in message  # only the bad line is named
 
 
 def limit_memory():
