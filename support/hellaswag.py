@@ -21,20 +21,48 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from support.configurator import ConfigError
+from support.configurator import ConfigError, read_regular
 from support.dataloader import DataError
 from prepare_data import get_tokenizer
 
 
+# prepare_data.py writes 10,042 lines: 1.2 MB of the tests' fake-hub text, several MB of the real text
+HELLASWAG_BYTES = 64 * 2**20
+
+
 def load_examples(out_dir="data"):
-    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}."""
+    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}.
+    The file must be a regular file of at most HELLASWAG_BYTES (a link to /dev/zero or a FIFO is refused,
+    never read) and every line such an example: else one line naming the file and the line."""
     path = os.path.join(out_dir, "hellaswag", "val.jsonl")
-    if not os.path.exists(path):
-        where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+    where = "" if out_dir == "data" else f" --out_dir={out_dir}"
+    if not os.path.lexists(path):
         raise DataError(f"no HellaSwag at {path}; fetch it with `python prepare_data.py hellaswag{where}`, "
                         "or set hellaswag_interval=0")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    again = f"delete it and prepare it again with `python prepare_data.py hellaswag{where}`"
+    try:
+        lines = read_regular(path, HELLASWAG_BYTES).splitlines()
+    except ConfigError as e:  # a link, a FIFO, a folder, or far too large
+        raise DataError(f"{e}; {again}") from None
+    if not lines:
+        raise DataError(f"{path} holds no examples; {again}")
+    examples = []
+    for number, line in enumerate(lines, 1):
+        try:
+            example = json.loads(line)  # (bytes that are not UTF-8: a ValueError too)
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply
+            example = {}
+        if not isinstance(example, dict):
+            example = {}
+        endings = example.get("endings")
+        label = example.get("label")
+        ok = isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
+            all(isinstance(e, str) for e in endings) and type(label) is int and 0 <= label <= 3
+        if not ok:
+            raise DataError(f"{path} line {number} is not an example as prepare_data.py writes it (a JSON "
+                            f"object: ctx a text, endings 4 texts, label an integer 0..3); {again}")
+        examples.append(example)
+    return examples
 
 
 def render(example, encode, block_size):

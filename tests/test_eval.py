@@ -11,9 +11,11 @@ import json
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,8 +28,8 @@ import train
 from support.dataloader import DataError, ValSet, read_shard, write_shard
 from model import GPT, GPTConfig
 from prepare_data import token_bytes
-from helpers import (ROOT, TINY, FakeHub, char_dataset, parquet_bytes, read_log, run, tiny_enc,  # noqa: F401
-                     workdir)  # (tiny_enc and workdir are fixtures)
+from helpers import (QUICK, ROOT, TINY, FakeHub, char_dataset, parquet_bytes, read_log, run,  # noqa: F401
+                     tiny_enc, workdir)  # (tiny_enc and workdir are fixtures)
 
 
 def printed_val_loss(out):
@@ -337,3 +339,93 @@ def test_eval_only_on_a_local_gpt2_reports_hellaswag(workdir, tiny_enc, capsys):
     want = hellaswag.score(model, rendered, 4, "cpu")
     assert f"hellaswag acc_norm {want:.4f} (3 examples)" in out and "bits/byte" in out
     assert not os.path.exists("out/g")  # eval_only writes nothing
+
+
+# --- a val.jsonl that is not what prepare_data.py writes: one line naming the file and the line -------------
+
+GOOD = json.dumps({"ctx": "The name of the module", "endings": ["is a.", "b.", "c c", "d."], "label": 1})
+
+
+def with_line_2(text):
+    """A val.jsonl of 3 lines, the second one `text` (a dict is written as JSON)."""
+    return "\n".join([GOOD, text if isinstance(text, str) else json.dumps(text), GOOD]) + "\n"
+
+
+EXAMPLE = json.loads(GOOD)
+BROKEN_HELLASWAG = {  # case -> (the file's text, the line the message must name; None: the file as a whole)
+    "no label": (with_line_2({"ctx": "x", "endings": ["a", "b", "c", "d"]}), 2),
+    "five endings": (with_line_2({**EXAMPLE, "endings": ["a", "b", "c", "d", "e"]}), 2),
+    "zero endings": (with_line_2({**EXAMPLE, "endings": []}), 2),
+    "label 4": (with_line_2({**EXAMPLE, "label": 4}), 2),
+    "label as a string": (with_line_2({**EXAMPLE, "label": "1"}), 2),
+    "number as context": (with_line_2({**EXAMPLE, "ctx": 7}), 2),
+    "number as an ending": (with_line_2({**EXAMPLE, "endings": ["a", 2, "c", "d"]}), 2),
+    "not JSON": (with_line_2("{ctx: no quotes"), 2),
+    "blank line": (GOOD + "\n\n" + GOOD + "\n", 2),
+    "empty file": ("", None)}
+
+
+def data_files():
+    return {p: p.read_bytes() for p in Path("data").rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def hellaswag_refusal():
+    """train.py's main on data/hellaswag/val.jsonl as it stands: it must stop with one `error: ...` line,
+    returned, having changed nothing under data/ and written no run."""
+    before = data_files()
+    with pytest.raises(SystemExit) as e:
+        train.main(QUICK + ["--dataset=bytes", "--hellaswag_interval=2", "--out_dir=out"])
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert data_files() == before
+    assert not os.path.exists("out")
+    return message
+
+
+@pytest.mark.parametrize("case", BROKEN_HELLASWAG)
+def test_a_broken_hellaswag_file_is_refused_with_its_line(workdir, case):
+    text, line = BROKEN_HELLASWAG[case]
+    pd.prepare_documents("bytes", pd.pydocs_documents()[:5], "data", tokenizer="byte")
+    os.makedirs("data/hellaswag")
+    Path("data/hellaswag/val.jsonl").write_text(text, encoding="utf-8")
+    message = hellaswag_refusal()
+    assert "data/hellaswag/val.jsonl" in message and "python prepare_data.py hellaswag" in message
+    if line is not None:
+        assert re.search(rf"\bline {line}\b", message), message
+        assert all(field in message for field in ("ctx", "endings", "label"))  # what a line must be
+    assert "line 1 " not in message and "line 3" not in message  # only the bad line is named
+
+
+def limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a read of /dev/zero fails here, not the host
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, words", [("FIFO", "is a FIFO"), ("link to /dev/zero", "is a symbolic link")])
+def test_a_hellaswag_fifo_or_device_link_is_refused_not_read(workdir, kind, words):
+    """train.py in a process of its own, with a timeout and a memory limit: a FIFO that is waited on, or
+    /dev/zero read until memory runs out, fails the test instead of hanging the suite or the machine."""
+    pd.prepare_documents("bytes", pd.pydocs_documents()[:5], "data", tokenizer="byte")
+    os.makedirs("data/hellaswag")
+    path = "data/hellaswag/val.jsonl"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+    argv = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--dataset=bytes",
+            "--hellaswag_interval=2", "--out_dir=out"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode != 0 and len(p.stderr.splitlines()) == 1, p.stderr[-3000:]
+    assert p.stderr.startswith(f"error: {path} {words}") and "python prepare_data.py hellaswag" in p.stderr
+    assert not os.path.exists("out")
+
+
+def test_a_hellaswag_file_far_larger_than_prepare_writes_is_refused(workdir, monkeypatch):
+    pd.prepare_documents("bytes", pd.pydocs_documents()[:5], "data", tokenizer="byte")
+    os.makedirs("data/hellaswag")
+    Path("data/hellaswag/val.jsonl").write_text(3 * (GOOD + "\n"), encoding="utf-8")
+    monkeypatch.setattr(hellaswag, "HELLASWAG_BYTES", 100)  # the file is 3 lines of about 90 bytes
+    message = hellaswag_refusal()
+    assert "data/hellaswag/val.jsonl is larger than 100 bytes" in message
+    assert "python prepare_data.py hellaswag" in message
