@@ -526,7 +526,8 @@ def load_csv(path):
     """The runs of a CSV that write_csv wrote, as load_run's dicts whose log is the final eval: all that the
     comparison needs, so every statistic recomputes from the table alone."""
     try:
-        rows = list(csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8"))))
+        # utf-8-sig: a spreadsheet may save the table with a byte-order mark first
+        rows = list(csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8-sig"))))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     missing = [c for c in CSV_COLUMNS if not rows or c not in rows[0]]

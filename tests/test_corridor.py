@@ -543,6 +543,23 @@ def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
     assert f"{bad}:2: not a row that corridor.py --csv writes (" in error_line(capsys, [str(bad)])
 
 
+def written_table(tmp_path, specs=(("attn_s0", "attention", 0, 2.0, {}), ("mix_s0", "mix", 0, 1.9, {}))):
+    """A CSV that corridor.py --csv wrote, of runs_of(specs)."""
+    path = tmp_path / "runs.csv"
+    dirs = runs_of(tmp_path, list(specs))
+    assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
+    return path
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads(tmp_path, no_figures):
+    """A spreadsheet may save UTF-8 text with a byte-order mark first: the setting column is still there."""
+    path = written_table(tmp_path)
+    plain = corridor.load_csv(str(path))
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    names = [r["name"] for r in corridor.load_csv(str(path))]
+    assert names == [r["name"] for r in plain] == ["attn_s0", "mix_s0"]
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
