@@ -494,6 +494,7 @@ def report(runs, each=True):
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
+CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"  # what to do
 
 
 def write_csv(runs, path):
@@ -527,12 +528,16 @@ def load_csv(path):
     comparison needs, so every statistic recomputes from the table alone."""
     try:
         # utf-8-sig: a spreadsheet may save the table with a byte-order mark first
-        rows = list(csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8-sig"))))
+        text = read_regular(path, 64 << 20).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    missing = [c for c in CSV_COLUMNS if not rows or c not in rows[0]]
+    reader = csv.DictReader(io.StringIO(text))
+    rows = list(reader)
+    missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)})")
+    if not rows:
+        raise ValueError(f"{path}: a header and no rows, so no runs to compare; {CSV_AGAIN}")
     runs = []
     for lineno, r in enumerate(rows, 2):
         try:

@@ -560,6 +560,14 @@ def test_a_csv_saved_with_a_byte_order_mark_reads(tmp_path, no_figures):
     assert names == [r["name"] for r in plain] == ["attn_s0", "mix_s0"]
 
 
+def test_a_csv_with_a_header_and_no_rows_says_so(tmp_path, capsys):
+    """Not "lacks its columns": it has them all, and no row."""
+    path = tmp_path / "runs.csv"
+    path.write_text(",".join(corridor.CSV_COLUMNS) + "\n")
+    line = error_line(capsys, [str(path)])
+    assert f"{path}: " in line and "no rows" in line and "--csv=PATH" in line and "(no setting" not in line
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
