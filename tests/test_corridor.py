@@ -568,6 +568,16 @@ def test_a_csv_with_a_header_and_no_rows_says_so(tmp_path, capsys):
     assert f"{path}: " in line and "no rows" in line and "--csv=PATH" in line and "(no setting" not in line
 
 
+def test_a_csv_cell_too_long_is_one_line(tmp_path, capsys, no_figures):
+    """The csv module caps a cell at 131072 characters (so a table is read within bounds): over it, one line
+    that names the file and the row, not csv.Error's traceback."""
+    path = written_table(tmp_path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2] + [lines[2] + "f" * 200_000]) + "\n")
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:3: " in line and "131072" in line and "--csv=PATH" in line
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
