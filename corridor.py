@@ -551,12 +551,16 @@ def load_csv(path):
             config = {k: json.loads(r[k]) for k in CSV_CONFIG[1:] if r[k] != ""}
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
+            if [] in gamma or len({len(layer) for layer in gamma}) > 1:  # numpy would say "inhomogeneous"
+                raise ValueError("final_gamma is ragged or empty: each layer (layers separated by ';') needs "
+                                 "the same number of heads (numbers separated by spaces), one or more")
             last = {"event": "eval", "iter": int(r["iters"]), "val_loss": float(r["val_loss"]),
                     "gamma": gamma, "delta": [[math.nan] * len(layer) for layer in gamma]}
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
         except (ValueError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e})") from None
+            what = f"not a row that corridor.py --csv writes ({e})"
+            raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
                      "records": records, "evals": [last], "warnings": []})

@@ -578,6 +578,28 @@ def test_a_csv_cell_too_long_is_one_line(tmp_path, capsys, no_figures):
     assert f"{path}:3: " in line and "131072" in line and "--csv=PATH" in line
 
 
+def set_cell(path, index, column, value):
+    """Rewrite one cell of a CSV: row index (0 is the first after the header), column by name."""
+    rows = list(csv.DictReader(path.read_text().splitlines()))
+    rows[index][column] = value
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, corridor.CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.mark.parametrize("gamma", ["0 0;0", "0 0;", "", ";"])
+def test_a_csv_gamma_of_ragged_shape_is_one_line(tmp_path, capsys, no_figures, gamma):
+    """Each layer the same number of heads, and at least one: else the row and column are named, not numpy's
+    inhomogeneous shape."""
+    path = written_table(tmp_path)
+    set_cell(path, 1, "final_gamma", "0 0 0 0;-0.5 -0.5 -0.5 -0.5")  # a valid γ still reads
+    assert corridor.load_csv(str(path))[1]["evals"][-1]["gamma"] == [[0.0] * 4, [-0.5] * 4]
+    set_cell(path, 1, "final_gamma", gamma)
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:3: " in line and "final_gamma" in line and "--csv=PATH" in line
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
