@@ -558,7 +558,7 @@ def load_csv(path):
                     "gamma": gamma, "delta": [[math.nan] * len(layer) for layer in gamma]}
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:  # Recursion: JSON nested deep
             what = f"not a row that corridor.py --csv writes ({e})"
             raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]

@@ -600,6 +600,13 @@ def test_a_csv_gamma_of_ragged_shape_is_one_line(tmp_path, capsys, no_figures, g
     assert f"{path}:3: " in line and "final_gamma" in line and "--csv=PATH" in line
 
 
+def test_a_csv_config_cell_nested_too_deep_is_one_line(tmp_path, capsys, no_figures):
+    path = written_table(tmp_path)
+    set_cell(path, 0, "n_layer", "[" * 100_000)  # json.loads: RecursionError, not a ValueError
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:2: " in line and "--csv=PATH" in line
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
