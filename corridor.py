@@ -542,7 +542,8 @@ def load_csv(path):
         raise ValueError(f"{path}:{line}: {what}; {CSV_AGAIN}") from None
     missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
-        raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)})")
+        raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)}); "
+                         f"{CSV_AGAIN}")
     if not rows:
         raise ValueError(f"{path}: a header and no rows, so no runs to compare; {CSV_AGAIN}")
     runs = []

@@ -535,8 +535,9 @@ def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
 def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
     bad = tmp_path / "runs.csv"
     bad.write_text("setting,seed,iters,val_loss,commit\nmix,0,100,2.0,unknown\n")
-    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in error_line(capsys,
-                                                                                               [str(bad)])
+    line = error_line(capsys, [str(bad)])
+    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in line
+    assert "--csv=PATH" in line
     d = make_run(tmp_path, "mix_s0")
     assert corridor.main([d, f"--csv={bad}"]) == 0
     bad.write_text(bad.read_text().replace(",200,", ",two hundred,"))
