@@ -447,7 +447,7 @@ def report(runs, each=True):
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
             print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")
-    if len(runs) < 2:
+    if len(runs) < 2 and each:
         return
     c = compare(runs)
     if each:
@@ -459,6 +459,8 @@ def report(runs, each=True):
         print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
     groups = c["groups"]
     if not any(g["n"] > 1 for g in groups):
+        print("\n== no seed groups: every setting has one run (seeds "
+              f"{CONFIRMATION.start}+ apart); statistics need two seeds or more of one setting")
         return
     print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
           " (val losses in nats per token)")

@@ -608,6 +608,26 @@ def test_a_csv_config_cell_nested_too_deep_is_one_line(tmp_path, capsys, no_figu
     assert f"{path}:2: " in line and "--csv=PATH" in line
 
 
+def test_one_run_per_setting_says_why_there_are_no_statistics(tmp_path, capsys, no_figures):
+    """Run directories or a table of one run per setting, or a table of one run: one line on why there are
+    no statistics, not silence. Two seeds of a setting: the seed groups, and not that line."""
+    (tmp_path / "dirs").mkdir()
+    dirs = runs_of(tmp_path / "dirs", [("attn_s0", "attention", 0, 2.0, {}), ("mix_s0", "mix", 0, 1.9, {})])
+    table = written_table(tmp_path)
+    one_row = tmp_path / "one.csv"
+    one_row.write_text("".join(table.read_text().splitlines(keepends=True)[:2]))
+    for argv in (dirs, [str(table)], [str(one_row)]):
+        capsys.readouterr()
+        assert corridor.main(argv) == 0
+        said = [line for line in capsys.readouterr().out.splitlines() if "one run" in line]
+        assert len(said) == 1 and "two seeds" in said[0]
+    (tmp_path / "two").mkdir()
+    specs = [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {})]
+    assert corridor.main(runs_of(tmp_path / "two", specs)) == 0
+    out = capsys.readouterr().out
+    assert "== seed groups" in out and "one run" not in out
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
