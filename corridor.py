@@ -496,6 +496,11 @@ def report(runs, each=True):
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
+# the cells of text from folder names, config.json and logs that someone else may have made: one that starts
+# like a formula a spreadsheet would evaluate is written after a ' (CWE-1236), as is one that starts with '
+# (so load_csv takes exactly one off); cells made from numbers (-0.0164, γ lists) are written as they are
+CSV_TEXT = ("setting", "seed", "op", "commit")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"  # what to do
 
 
@@ -503,7 +508,7 @@ def write_csv(runs, path):
     """One row per run, sorted by setting, seed (a missing one, "", apart) and length: config values as JSON
     (true, null, 0.5), the final eval's losses at full precision, its per-head γ as heads separated by spaces
     and layers by ';' (6 significant digits keep the sign), and the commit of the log's first "start" record
-    ('unknown' for older logs or no git)."""
+    ('unknown' for older logs or no git). Text that a spreadsheet would take for a formula gets a ' first."""
     rows = []
     for run in runs:
         cfg, last = run["config"], run["evals"][-1]
@@ -515,6 +520,9 @@ def write_csv(runs, path):
                    val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
                    final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
                    commit=str(start["commit"]) if start.get("commit") else "unknown")
+        for k in CSV_TEXT:  # seed is text only where config.json made it a string
+            if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
+                row[k] = "'" + row[k]
         rows.append(row)
     rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))  # type, then seed
     text = io.StringIO()
@@ -551,6 +559,8 @@ def load_csv(path):
     runs = []
     for lineno, r in enumerate(rows, 2):
         try:
+            for k in CSV_TEXT:  # the ' that write_csv put first
+                r[k] = r[k].removeprefix("'")
             config = {k: json.loads(r[k]) for k in CSV_CONFIG[1:] if r[k] != ""}
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]

@@ -628,6 +628,33 @@ def test_one_run_per_setting_says_why_there_are_no_statistics(tmp_path, capsys, 
     assert "== seed groups" in out and "one run" not in out
 
 
+def test_csv_text_a_spreadsheet_would_evaluate_is_neutralised(tmp_path, capsys, no_figures):
+    """Text from folder names and logs that starts like a formula (=, +, -, @) gets a ' first (CWE-1236), as
+    does text that starts with ' (so exactly one comes off again); cells made from numbers stay as they are,
+    negative ones too. load_csv reads back the names and commits the runs had."""
+    negative = {"gamma": [[-0.5] * 4, [-0.0164] * 4], "delta": [[1.0] * 4] * 2, "gamma_init": -0.5}
+    evil = {"event": "start", "iter": 0, "commit": "@SUM(1+1)"}
+    dirs = [make_run(tmp_path, "=2+5_s0", head=[evil], **negative),
+            make_run(tmp_path, "-cmd_s1", seed=1, **negative),
+            make_run(tmp_path, "'quoted_s0", op="attention", **ZEROS),
+            make_run(tmp_path, "mix_s2", seed=2, val=(3.0, -0.0164), **negative)]
+    first, again = tmp_path / "runs.csv", tmp_path / "again.csv"
+    assert corridor.main(dirs + [f"--csv={first}"]) == 0
+    rows = {r["seed"] + r["op"]: r for r in csv.DictReader(first.read_text().splitlines())}
+    assert [rows[k]["setting"] for k in ("0mix", "1mix", "0attention", "2mix")] == [
+        "'=2+5", "'-cmd", "''quoted", "mix"]
+    assert rows["0mix"]["commit"] == "'@SUM(1+1)" and rows["1mix"]["commit"] == "unknown"
+    for r in rows.values():  # numbers as before: a float each, or γ lists of them
+        assert r["gamma_init"] in ("-0.5", "0.0") and float(r["val_loss"]) in (2.5, -0.0164)
+    assert rows["2mix"]["final_gamma"] == "-0.5 -0.5 -0.5 -0.5;-0.0164 -0.0164 -0.0164 -0.0164"
+    assert rows["2mix"]["val_loss"] == "-0.0164"
+    runs = corridor.load_csv(str(first))
+    assert sorted(r["name"] for r in runs) == ["'quoted_s0", "-cmd_s1", "=2+5_s0", "mix_s2"]
+    assert {r["records"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
+    assert corridor.main([str(first), f"--csv={again}"]) == 0
+    assert again.read_text() == first.read_text()
+
+
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
     (tmp_path / "long").mkdir()
     long = {"max_iters": 3600, "lr_decay_iters": 3600, "gamma_init": -0.5}
