@@ -447,7 +447,7 @@ def report(runs, each=True):
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
             print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")
-    if len(runs) < 2:
+    if len(runs) < 2 and each:
         return
     c = compare(runs)
     if each:
@@ -459,6 +459,8 @@ def report(runs, each=True):
         print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
     groups = c["groups"]
     if not any(g["n"] > 1 for g in groups):
+        print("\n== no seed groups: every setting has one run (seeds "
+              f"{CONFIRMATION.start}+ apart); statistics need two seeds or more of one setting")
         return
     print("\n== seed groups: runs that differ only in seed, against the attention runs of the same config"
           " (val losses in nats per token)")
@@ -494,13 +496,19 @@ def report(runs, each=True):
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
+# the cells of text from folder names, config.json and logs that someone else may have made: one that starts
+# like a formula a spreadsheet would evaluate is written after a ' (CWE-1236), as is one that starts with '
+# (so load_csv takes exactly one off); cells made from numbers (-0.0164, γ lists) are written as they are
+CSV_TEXT = ("setting", "seed", "op", "commit")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
+CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"  # what to do
 
 
 def write_csv(runs, path):
     """One row per run, sorted by setting, seed (a missing one, "", apart) and length: config values as JSON
     (true, null, 0.5), the final eval's losses at full precision, its per-head γ as heads separated by spaces
     and layers by ';' (6 significant digits keep the sign), and the commit of the log's first "start" record
-    ('unknown' for older logs or no git)."""
+    ('unknown' for older logs or no git). Text that a spreadsheet would take for a formula gets a ' first."""
     rows = []
     for run in runs:
         cfg, last = run["config"], run["evals"][-1]
@@ -512,6 +520,9 @@ def write_csv(runs, path):
                    val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
                    final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
                    commit=str(start["commit"]) if start.get("commit") else "unknown")
+        for k in CSV_TEXT:  # seed is text only where config.json made it a string
+            if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
+                row[k] = "'" + row[k]
         rows.append(row)
     rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))  # type, then seed
     text = io.StringIO()
@@ -526,24 +537,43 @@ def load_csv(path):
     """The runs of a CSV that write_csv wrote, as load_run's dicts whose log is the final eval: all that the
     comparison needs, so every statistic recomputes from the table alone."""
     try:
-        rows = list(csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8"))))
+        # utf-8-sig: a spreadsheet may save the table with a byte-order mark first
+        text = read_regular(path, 64 << 20).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    missing = [c for c in CSV_COLUMNS if not rows or c not in rows[0]]
+    reader = csv.DictReader(io.StringIO(text))
+    rows = []
+    try:
+        for row in reader:
+            rows.append(row)
+    except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
+        line = reader.line_num + 1  # a DictReader counts the lines of the rows it returned
+        what = f"not a row that corridor.py --csv writes ({e})"
+        raise ValueError(f"{path}:{line}: {what}; {CSV_AGAIN}") from None
+    missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
-        raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)})")
+        raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)}); "
+                         f"{CSV_AGAIN}")
+    if not rows:
+        raise ValueError(f"{path}: a header and no rows, so no runs to compare; {CSV_AGAIN}")
     runs = []
     for lineno, r in enumerate(rows, 2):
         try:
+            for k in CSV_TEXT:  # the ' that write_csv put first
+                r[k] = r[k].removeprefix("'")
             config = {k: json.loads(r[k]) for k in CSV_CONFIG[1:] if r[k] != ""}
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
+            if [] in gamma or len({len(layer) for layer in gamma}) > 1:  # numpy would say "inhomogeneous"
+                raise ValueError("final_gamma is ragged or empty: each layer (layers separated by ';') needs "
+                                 "the same number of heads (numbers separated by spaces), one or more")
             last = {"event": "eval", "iter": int(r["iters"]), "val_loss": float(r["val_loss"]),
                     "gamma": gamma, "delta": [[math.nan] * len(layer) for layer in gamma]}
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
-        except (ValueError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e})") from None
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:  # Recursion: JSON nested deep
+            what = f"not a row that corridor.py --csv writes ({e})"
+            raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
                      "records": records, "evals": [last], "warnings": []})

@@ -535,12 +535,124 @@ def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
 def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
     bad = tmp_path / "runs.csv"
     bad.write_text("setting,seed,iters,val_loss,commit\nmix,0,100,2.0,unknown\n")
-    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in error_line(capsys,
-                                                                                               [str(bad)])
+    line = error_line(capsys, [str(bad)])
+    assert "runs.csv: not a table that corridor.py --csv writes (no op, n_layer" in line
+    assert "--csv=PATH" in line
     d = make_run(tmp_path, "mix_s0")
     assert corridor.main([d, f"--csv={bad}"]) == 0
     bad.write_text(bad.read_text().replace(",200,", ",two hundred,"))
     assert f"{bad}:2: not a row that corridor.py --csv writes (" in error_line(capsys, [str(bad)])
+
+
+def written_table(tmp_path, specs=(("attn_s0", "attention", 0, 2.0, {}), ("mix_s0", "mix", 0, 1.9, {}))):
+    """A CSV that corridor.py --csv wrote, of runs_of(specs)."""
+    path = tmp_path / "runs.csv"
+    dirs = runs_of(tmp_path, list(specs))
+    assert corridor.main(dirs + [f"--csv={path}", f"--out={tmp_path / 'figs'}"]) == 0
+    return path
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads(tmp_path, no_figures):
+    """A spreadsheet may save UTF-8 text with a byte-order mark first: the setting column is still there."""
+    path = written_table(tmp_path)
+    plain = corridor.load_csv(str(path))
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    names = [r["name"] for r in corridor.load_csv(str(path))]
+    assert names == [r["name"] for r in plain] == ["attn_s0", "mix_s0"]
+
+
+def test_a_csv_with_a_header_and_no_rows_says_so(tmp_path, capsys):
+    """Not "lacks its columns": it has them all, and no row."""
+    path = tmp_path / "runs.csv"
+    path.write_text(",".join(corridor.CSV_COLUMNS) + "\n")
+    line = error_line(capsys, [str(path)])
+    assert f"{path}: " in line and "no rows" in line and "--csv=PATH" in line and "(no setting" not in line
+
+
+def test_a_csv_cell_too_long_is_one_line(tmp_path, capsys, no_figures):
+    """The csv module caps a cell at 131072 characters (so a table is read within bounds): over it, one line
+    that names the file and the row, not csv.Error's traceback."""
+    path = written_table(tmp_path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2] + [lines[2] + "f" * 200_000]) + "\n")
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:3: " in line and "131072" in line and "--csv=PATH" in line
+
+
+def set_cell(path, index, column, value):
+    """Rewrite one cell of a CSV: row index (0 is the first after the header), column by name."""
+    rows = list(csv.DictReader(path.read_text().splitlines()))
+    rows[index][column] = value
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, corridor.CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.mark.parametrize("gamma", ["0 0;0", "0 0;", "", ";"])
+def test_a_csv_gamma_of_ragged_shape_is_one_line(tmp_path, capsys, no_figures, gamma):
+    """Each layer the same number of heads, and at least one: else the row and column are named, not numpy's
+    inhomogeneous shape."""
+    path = written_table(tmp_path)
+    set_cell(path, 1, "final_gamma", "0 0 0 0;-0.5 -0.5 -0.5 -0.5")  # a valid γ still reads
+    assert corridor.load_csv(str(path))[1]["evals"][-1]["gamma"] == [[0.0] * 4, [-0.5] * 4]
+    set_cell(path, 1, "final_gamma", gamma)
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:3: " in line and "final_gamma" in line and "--csv=PATH" in line
+
+
+def test_a_csv_config_cell_nested_too_deep_is_one_line(tmp_path, capsys, no_figures):
+    path = written_table(tmp_path)
+    set_cell(path, 0, "n_layer", "[" * 100_000)  # json.loads: RecursionError, not a ValueError
+    line = error_line(capsys, [str(path)])
+    assert f"{path}:2: " in line and "--csv=PATH" in line
+
+
+def test_one_run_per_setting_says_why_there_are_no_statistics(tmp_path, capsys, no_figures):
+    """Run directories or a table of one run per setting, or a table of one run: one line on why there are
+    no statistics, not silence. Two seeds of a setting: the seed groups, and not that line."""
+    (tmp_path / "dirs").mkdir()
+    dirs = runs_of(tmp_path / "dirs", [("attn_s0", "attention", 0, 2.0, {}), ("mix_s0", "mix", 0, 1.9, {})])
+    table = written_table(tmp_path)
+    one_row = tmp_path / "one.csv"
+    one_row.write_text("".join(table.read_text().splitlines(keepends=True)[:2]))
+    for argv in (dirs, [str(table)], [str(one_row)]):
+        capsys.readouterr()
+        assert corridor.main(argv) == 0
+        said = [line for line in capsys.readouterr().out.splitlines() if "one run" in line]
+        assert len(said) == 1 and "two seeds" in said[0]
+    (tmp_path / "two").mkdir()
+    specs = [("attn_s0", "attention", 0, 2.0, {}), ("attn_s1", "attention", 1, 2.1, {})]
+    assert corridor.main(runs_of(tmp_path / "two", specs)) == 0
+    out = capsys.readouterr().out
+    assert "== seed groups" in out and "one run" not in out
+
+
+def test_csv_text_a_spreadsheet_would_evaluate_is_neutralised(tmp_path, capsys, no_figures):
+    """Text from folder names and logs that starts like a formula (=, +, -, @) gets a ' first (CWE-1236), as
+    does text that starts with ' (so exactly one comes off again); cells made from numbers stay as they are,
+    negative ones too. load_csv reads back the names and commits the runs had."""
+    negative = {"gamma": [[-0.5] * 4, [-0.0164] * 4], "delta": [[1.0] * 4] * 2, "gamma_init": -0.5}
+    evil = {"event": "start", "iter": 0, "commit": "@SUM(1+1)"}
+    dirs = [make_run(tmp_path, "=2+5_s0", head=[evil], **negative),
+            make_run(tmp_path, "-cmd_s1", seed=1, **negative),
+            make_run(tmp_path, "'quoted_s0", op="attention", **ZEROS),
+            make_run(tmp_path, "mix_s2", seed=2, val=(3.0, -0.0164), **negative)]
+    first, again = tmp_path / "runs.csv", tmp_path / "again.csv"
+    assert corridor.main(dirs + [f"--csv={first}"]) == 0
+    rows = {r["seed"] + r["op"]: r for r in csv.DictReader(first.read_text().splitlines())}
+    assert [rows[k]["setting"] for k in ("0mix", "1mix", "0attention", "2mix")] == [
+        "'=2+5", "'-cmd", "''quoted", "mix"]
+    assert rows["0mix"]["commit"] == "'@SUM(1+1)" and rows["1mix"]["commit"] == "unknown"
+    for r in rows.values():  # numbers as before: a float each, or γ lists of them
+        assert r["gamma_init"] in ("-0.5", "0.0") and float(r["val_loss"]) in (2.5, -0.0164)
+    assert rows["2mix"]["final_gamma"] == "-0.5 -0.5 -0.5 -0.5;-0.0164 -0.0164 -0.0164 -0.0164"
+    assert rows["2mix"]["val_loss"] == "-0.0164"
+    runs = corridor.load_csv(str(first))
+    assert sorted(r["name"] for r in runs) == ["'quoted_s0", "-cmd_s1", "=2+5_s0", "mix_s2"]
+    assert {r["records"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
+    assert corridor.main([str(first), f"--csv={again}"]) == 0
+    assert again.read_text() == first.read_text()
 
 
 def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
