@@ -57,10 +57,10 @@ def load_examples(out_dir="data"):
         endings = example.get("endings")
         label = example.get("label")
         ok = isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
-            all(isinstance(e, str) for e in endings) and type(label) is int and 0 <= label <= 3
+            all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
         if not ok:
             raise DataError(f"{path} line {number} is not an example as prepare_data.py writes it (a JSON "
-                            f"object: ctx a text, endings 4 texts, label an integer 0..3); {again}")
+                            f"object: ctx a text, endings 4 non-empty texts, label an integer 0..3); {again}")
         examples.append(example)
     return examples
 

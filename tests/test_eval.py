@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import resource
 import subprocess
 import sys
 import types
@@ -360,6 +359,7 @@ BROKEN_HELLASWAG = {  # case -> (the file's text, the line the message must name
     "label as a string": (with_line_2({**EXAMPLE, "label": "1"}), 2),
     "number as context": (with_line_2({**EXAMPLE, "ctx": 7}), 2),
     "number as an ending": (with_line_2({**EXAMPLE, "endings": ["a", 2, "c", "d"]}), 2),
+    "an empty ending": (with_line_2({**EXAMPLE, "endings": ["a", "", "c", "d"]}), 2),  # scored 0/0
     "not JSON": (with_line_2("{ctx: no quotes"), 2),
     "blank line": (GOOD + "\n\n" + GOOD + "\n", 2),
     "empty file": ("", None)}
@@ -397,6 +397,7 @@ def test_a_broken_hellaswag_file_is_refused_with_its_line(workdir, case):
 
 
 def limit_memory():
+    import resource  # POSIX only, as are the FIFO and /dev/zero these tests plant
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a read of /dev/zero fails here, not the host
 
 
