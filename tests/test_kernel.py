@@ -502,6 +502,8 @@ def test_kernel_check_help_prints_help_and_checks_nothing():
     assert run.stdout.startswith("The checks of kernel.py's fused kernel")
     settings = run.stdout.split("settings and their defaults:\n")[1].splitlines()
     assert [line.split()[0] for line in settings] == ["--tests=True", "--timing=True"]
+    old = subprocess.run([sys.executable, "kernel.py"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert old.returncode == 1 and "python -m support.kernel_check" in old.stderr  # never a silent pass
 
 
 def test_sdpa_backend_is_named():
