@@ -311,7 +311,7 @@ def compiled_and_wrapped(model, cfg, run):
     if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
         run.say("compiling the model... (takes a minute)")
         model = torch.compile(model)
-    if run.ddp:
+    if run.ddp and not cfg.eval_only:  # DDP syncs gradients, and evaluation has none
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
     if not cfg.eval_only:
