@@ -30,6 +30,11 @@ class ConfigError(ValueError):
     """A bad setting, explained in one line that says what to do."""
 
 
+def why(e):
+    """An exception in a few words: its type and the first line of its message."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
+
+
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
 def one_of(*choices):

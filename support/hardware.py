@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from support.configurator import ConfigError
+from support.configurator import ConfigError, why
 
 
 class RankError(ConfigError):
@@ -99,8 +99,7 @@ def start_process(cfg, local_rank):
         try:
             init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
         except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
-            reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
-            raise RankError(f"the DDP process group could not start ({reason}); check MASTER_ADDR, "
+            raise RankError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, "
                             "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)"
                             ) from None
     torch.manual_seed(cfg.seed)

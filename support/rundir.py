@@ -26,7 +26,7 @@ import zipfile
 import filelock
 import torch
 
-from support.configurator import ConfigError, open_regular, read_regular, refuse_unless_regular
+from support.configurator import ConfigError, open_regular, read_regular, refuse_unless_regular, why
 from support.dataloader import check_meta
 from model import GPT, GPTConfig
 
@@ -252,11 +252,6 @@ def load_checkpoint(path):
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
                           "it was edited")
     return ckpt
-
-
-def why(e):
-    """An exception in a few words: its type and the first line of its message."""
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
 
 
 def few(names):
