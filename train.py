@@ -17,16 +17,19 @@ import sys
 import time
 from dataclasses import asdict
 
-import torch
+try:  # Ctrl-C while torch loads (a second or more) gets one line too
+    import torch
 
-from model import GPT, GPTConfig
-from prepare_data import ensure_prepared, token_bytes
-from support import hellaswag, settings
-from support.configurator import ConfigError, why
-from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
-from support.hardware import ddp_env, end_process, exit_status, start_process
-from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint, save_checkpoint,
-                            start_run_dir, stop_if_not_finite, unlock_run_dir)
+    from model import GPT, GPTConfig
+    from prepare_data import ensure_prepared, token_bytes
+    from support import hellaswag, settings
+    from support.configurator import ConfigError, why
+    from support.dataloader import DataError, ShardLoader, ValSet, load_meta, unigram_loss
+    from support.hardware import ddp_env, end_process, exit_status, start_process
+    from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint, save_checkpoint,
+                                start_run_dir, stop_if_not_finite, unlock_run_dir)
+except KeyboardInterrupt:
+    sys.exit("interrupted while starting: nothing was written; run the same command again")
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -216,7 +219,7 @@ def train(cfg, given=frozenset()):
     rank, local_rank, world_size = ddp_env()
     ckpt, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS)  # None: a new run
     settings.check_schedule(cfg, world_size)
-    run = Run(cfg, rank, world_size, local_rank, *start_process(cfg, local_rank))  # device, dtype, autocast
+    run = Run(cfg, rank, world_size, local_rank, *start_process(cfg, rank, local_rank, world_size))
     grad_accum = max(1, cfg.gradient_accumulation_steps // world_size)  # micro-steps of this process
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     data_dir, meta = prepare(cfg, run)

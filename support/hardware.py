@@ -2,22 +2,22 @@
 hardware.py: the machine a run uses and the processes on it, apart from the model.
 
 - `ddp_env()`: this process's place in a DDP run, from the environment torchrun sets;
-- `pick_device_and_dtype(cfg, local_rank)` and `start_process(cfg, local_rank)`: the device, its dtype and
-  autocast context, and the DDP group;
+- `pick_device_and_dtype(cfg, local_rank)` and `start_process(cfg, rank, local_rank, world_size)`: the
+  device, its dtype and autocast context, and the DDP group (`join_group`: a process that never starts is
+  named after DDP_START_WAIT seconds);
 - `peak_flops(device)`: the dense bf16 peak FLOP/s of the GPU in use, which `GPT.estimate_mfu` divides by;
 - `keep_freed_memory()`: a process setting for training on a CPU (glibc's allocator, through ctypes).
 """
 import ctypes
 import os
+import socket
+import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
 
 from support.configurator import ConfigError, why
-
-
-class RankError(ConfigError):
-    """A failure of this process alone (its environment, its device): it says so itself, whatever its rank."""
 
 
 USE_TORCHRUN = "start DDP runs with torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE (or unset RANK)"
@@ -31,29 +31,29 @@ def ddp_env():
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         text = os.environ.get(key)
         if text is None:
-            raise RankError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
+            raise ConfigError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
         if not text.strip().isdigit():
-            raise RankError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
+            raise ConfigError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
         values.append(int(text))
     rank, local_rank, world_size = values
     port = os.environ.get("MASTER_PORT", "0")
     if not (port.strip().isdigit() and int(port) < 65536):
-        raise RankError(f"MASTER_PORT={port!r} is not a port number (0-65535); {USE_TORCHRUN}")
+        raise ConfigError(f"MASTER_PORT={port!r} is not a port number (0-65535); {USE_TORCHRUN}")
+    wait = os.environ.get("DDP_START_WAIT", "300")
+    if not (wait.strip().isdigit() and int(wait) > 0):
+        raise ConfigError(f"DDP_START_WAIT={wait!r} is not a whole number of seconds ≥ 1; unset it for 300")
     if not local_rank <= rank < world_size:
-        raise RankError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
-                        f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
+        raise ConfigError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
+                          f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
     return rank, local_rank, world_size
 
 
 def exit_status(e):
-    """What sys.exit gets as this process stops on e: its one-line message, or 1 to stop silently. Every rank
-    reads the same settings and files: such an error (a ValueError) is said once, by rank 0. A failure of
-    one process alone (a RankError, an OSError, a loss that is not finite) is said by its rank."""
+    """What sys.exit gets as this process stops on e: its one line, which names its rank under torchrun. Every
+    failing process says why: a setting read differently on one rank, or a file damaged on one node, fails
+    there alone, and a silent rank would leave only torchrun's summary."""
     rank = os.environ.get("RANK", "0")
-    if rank == "0":
-        return f"error: {e}"
-    shared = isinstance(e, ValueError) and not isinstance(e, RankError)
-    return 1 if shared else f"error: rank {rank}: {e}"
+    return f"error: {e}" if rank == "0" else f"error: rank {rank}: {e}"
 
 
 def device_rule(key, value):
@@ -77,8 +77,8 @@ def pick_device_and_dtype(cfg, local_rank):
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such "
                           "device; use --device=cpu")
     if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
-        raise RankError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
-                        "no more processes per node than it has GPUs")
+        raise ConfigError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
+                          "no more processes per node than it has GPUs")
     dt = cfg.dtype
     if dt == "auto" and device_type == "cuda":
         dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
@@ -89,19 +89,59 @@ def pick_device_and_dtype(cfg, local_rank):
     return dev, device_type, dt
 
 
-def start_process(cfg, local_rank):
+def join_group(backend, rank, world_size):
+    """init_process_group, with a bounded start. Every process first checks in at rank 0's store (torchrun's
+    own under torchrun); one that has not started after DDP_START_WAIT seconds is named, where torch alone
+    would wait 30 minutes without a word (a node that failed to start). Collectives keep torch's timeout.
+    Waits are polled here: torch's own time-outs print C++ stack traces before they raise."""
+    from torch.distributed import PrefixStore, TCPStore, init_process_group
+    from torch.distributed.constants import default_pg_timeout
+    wait = int(os.environ.get("DDP_START_WAIT", "300"))
+    deadline = time.monotonic() + wait
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    while not hosts_store and not listening(host, port):
+        if time.monotonic() > deadline:
+            raise ConfigError(f"rank 0 did not start within {wait} s: nothing listens at MASTER_ADDR={host}, "
+                              f"MASTER_PORT={port}; start it there, or check the address")
+        time.sleep(1)
+    try:
+        store = TCPStore(host, port, world_size, is_master=hosts_store, wait_for_workers=False)
+    except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
+        raise ConfigError(f"the DDP store at MASTER_ADDR={host}, MASTER_PORT={port} could not start "
+                          f"({why(e)}); check the address, or choose a free MASTER_PORT") from None
+    started = [f"nanocorridor/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/started/{r}"
+               for r in range(world_size)]  # one set of keys a torchrun attempt
+    store.set(started[rank], "")
+    while not store.check(started):
+        if time.monotonic() > deadline:
+            missing = ", ".join(str(r) for r in range(world_size) if not store.check([started[r]]))
+            raise ConfigError(f"rank {missing} of WORLD_SIZE={world_size} did not start within {wait} s; "
+                              "start it (every node runs the same torchrun command), or raise DDP_START_WAIT")
+        time.sleep(0.2)
+    store.set_timeout(default_pg_timeout)
+    try:
+        init_process_group(backend, store=PrefixStore("default_pg", store), rank=rank, world_size=world_size)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise ConfigError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, "
+                          "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)") from None
+
+
+def listening(host, port):
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def start_process(cfg, rank, local_rank, world_size):
     """The device, its dtype and autocast context; the DDP group when torchrun started us; the seed."""
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
     if local_rank is not None:
-        from torch.distributed import init_process_group
         if device_type == "cuda":
             torch.cuda.set_device(dev)
-        try:
-            init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-        except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
-            raise RankError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, "
-                            "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)"
-                            ) from None
+        join_group("nccl" if device_type == "cuda" else "gloo", rank, world_size)
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if device_type == "cpu":

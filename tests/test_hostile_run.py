@@ -7,6 +7,7 @@ and settings given on resume. Each must give one line and touch nothing outside 
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import zipfile
@@ -327,6 +328,8 @@ def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
      "error: MASTER_PORT='abc' is not a port number"),
     ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
       "GLOO_SOCKET_IFNAME": "no_such_interface0"}, "error: the DDP process group could not start ("),
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DDP_START_WAIT": "soon"},
+     "error: DDP_START_WAIT='soon' is not a whole number of seconds"),
 ])
 def test_a_torchrun_environment_set_by_hand_gets_one_line(workdir, monkeypatch, env, words):
     for key, value in env.items():
@@ -343,10 +346,45 @@ def test_a_failure_of_one_rank_is_said_by_that_rank(workdir, monkeypatch):
     assert train_error("--gradient_accumulation_steps=2") == "error: rank 1: rank 1's disk is gone"
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank, words", [
+    ("0", "error: rank 1 of WORLD_SIZE=2 did not start within 2 s; start it"),
+    ("1", "error: rank 1: rank 0 did not start within 2 s: nothing listens at MASTER_ADDR=127.0.0.1"),
+])
+def test_a_process_that_never_starts_is_named_after_a_bounded_wait(workdir, rank, words):
+    """RANK=0 WORLD_SIZE=2 with the other process never started (a node that failed to start): one line
+    after DDP_START_WAIT seconds, naming the missing rank, where torch alone waits 30 minutes silently."""
+    env = {**os.environ, "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "DDP_START_WAIT": "2"}
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--gradient_accumulation_steps=2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1 and p.stderr.startswith(words) and p.stderr.count("\n") == 1, p.stderr
+    assert not os.path.exists("out")
+
+
+@pytest.mark.slow
+def test_a_config_bad_on_one_rank_is_said_by_that_rank(workdir):
+    """A config file that reads RANK and is bad on rank 1 only: rank 1 prints its line, with its rank."""
+    with open("rank1_bad.py", "w") as f:
+        f.write("import os\nbatch_size = 0 if os.environ.get('RANK') == '1' else 2\n")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        os.path.join(ROOT, "train.py"), "rank1_bad.py", "--gradient_accumulation_steps=2",
+                        *(arg for arg in QUICK if not arg.startswith("--batch_size"))],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=300)
+    assert p.returncode != 0
+    assert "error: rank 1: batch_size=0 is not allowed" in p.stderr, p.stderr[-3000:]
+
+
 def test_a_gpu_this_node_lacks_is_that_ranks_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(hardware.RankError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
+    with pytest.raises(hardware.ConfigError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
         hardware.pick_device_and_dtype(train.parse_config(["--device=cuda", "--dtype=float32"])[0], 2)
 
 
@@ -432,3 +470,23 @@ def test_ctrl_c_while_corridor_reads_is_one_line(finished_run, monkeypatch, caps
     monkeypatch.setattr(corridor, "load_run", interrupted)
     assert corridor.main([finished_run, "--csv=runs.csv"]) == 1
     assert capsys.readouterr().err == "interrupted\n" and not os.path.exists("runs.csv")
+
+
+CTRL_C_ON_IMPORT = """
+import sys
+class CtrlC:  # the user's Ctrl-C, as the script's first heavy import starts
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "numpy"):
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+"""
+
+
+@pytest.mark.parametrize("script", ["train.py"])
+def test_ctrl_c_while_a_script_starts_is_one_line(workdir, script):
+    (workdir / "hook").mkdir()
+    (workdir / "hook" / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, script)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(workdir / "hook")}, timeout=60)
+    assert p.returncode == 1 and p.stderr.startswith("interrupted") and p.stderr.count("\n") == 1, p.stderr
+    assert sorted(os.listdir(workdir)) == ["hook"]  # nothing written

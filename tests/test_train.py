@@ -492,25 +492,26 @@ def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, mon
     class Started(Exception):
         pass
 
-    def init_process_group(**kwargs):
-        raise Started(kwargs)
-    monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
+    def join_group(backend, rank, world_size):
+        raise Started(f"{backend}, rank {rank} of {world_size}")
+    monkeypatch.setattr(hardware, "join_group", join_group)
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):  # what torchrun sets, 2 processes
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=3 must be a multiple of the number "
                                           r"of processes \(2\)$"):
         run("--gradient_accumulation_steps=3", "--max_iters=1", "--out_dir=out/ddp")
     # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
-    with pytest.raises(Started, match="'backend': 'gloo'"):
+    with pytest.raises(Started, match="^gloo, rank 0 of 2$"):
         run("--gradient_accumulation_steps=4", "--max_iters=1", "--out_dir=out/ddp")
     assert not os.path.exists("out/ddp")
 
 
 @pytest.mark.parametrize("rank, code", [(None, "error: max_iters=0 is not allowed: it must be ≥ 1"),
                                         ("0", "error: max_iters=0 is not allowed: it must be ≥ 1"),
-                                        # under torchrun every rank fails alike: rank 0 says it, once
-                                        ("1", 1), ("3", 1)])
-def test_main_says_a_bad_setting_once(monkeypatch, rank, code):
+                                        # under torchrun every failing rank says why, with its rank
+                                        ("1", "error: rank 1: max_iters=0 is not allowed: it must be ≥ 1"),
+                                        ("3", "error: rank 3: max_iters=0 is not allowed: it must be ≥ 1")])
+def test_main_says_a_bad_setting_in_one_line(monkeypatch, rank, code):
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
     else:
