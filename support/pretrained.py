@@ -103,7 +103,7 @@ def read_config(path, source):
         config = json.loads(read_regular(path, 1 << 20))  # a config.json is a few kB
     except ConfigError:
         raise
-    except ValueError as e:  # not JSON, not UTF-8
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply
         raise ConfigError(f"{path} is not JSON ({type(e).__name__}); {SAVE_AGAIN}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind != "gpt2":
@@ -131,7 +131,7 @@ def weight_files(folder):
             names = sorted(set(json.loads(read_regular(index, 1 << 24))["weight_map"].values()))
         except ConfigError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map); "
                               f"{SAVE_AGAIN}") from None
         if not all(isinstance(n, str) and os.path.basename(n) == n and n.endswith(".safetensors")

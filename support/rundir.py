@@ -188,7 +188,7 @@ def holds_a_run(out_dir):
 def before_first_checkpoint(line):
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply
         return False
     if not isinstance(record, dict):
         return False
@@ -358,7 +358,7 @@ def trim_log(path, iter_num):
         try:
             record = json.loads(line)
             before = record["iter"] <= iter_num and record["event"] != "done"
-        except (ValueError, TypeError, KeyError):  # not JSON, not UTF-8, not a record of ours
+        except (ValueError, TypeError, KeyError, RecursionError):  # not JSON or UTF-8, too deep, not a record
             if n == len(lines):
                 break  # a line cut off by a crash
             raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "

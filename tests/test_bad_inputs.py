@@ -503,6 +503,7 @@ def test_ctrl_c_in_the_middle_of_a_write_leaves_the_old_file_and_no_temporary(wo
      True),
     ('"start"\n', False, True),  # JSON, but no record train.py writes
     ("[1, 2]\n", False, True),
+    ("[" * 100_000 + "\n", False, True),  # nested too deeply for the JSON parser: not ours either
     (None, True, True),  # a checkpoint alone is a run
 ])
 def test_what_counts_as_a_run(workdir, log, ckpt, holds):
@@ -526,6 +527,10 @@ def test_trim_log_keeps_what_the_checkpoint_saw(workdir):
     open("log.jsonl", "w").write(json.dumps(records[0]) + "\n" + json.dumps(records[2]))
     rundir.trim_log("log.jsonl", 2)
     assert open("log.jsonl").read() == json.dumps(records[0]) + "\n" + json.dumps(records[2]) + "\n"
+    for bad in ("not json", "[" * 100_000, '"a string"'):  # a line in the middle that train.py never wrote
+        open("log.jsonl", "w").write(json.dumps(records[0]) + "\n" + bad + "\n" + json.dumps(records[2]))
+        with pytest.raises(ConfigError, match=r"^log.jsonl: line 2 is not a record train.py wrote; remove"):
+            rundir.trim_log("log.jsonl", 2)
 
 
 def test_git_commit_names_the_code_that_ran(tmp_path, monkeypatch):

@@ -414,6 +414,11 @@ def pickled_only(folder):
     torch.save({"wte.weight": torch.zeros(1)}, os.path.join(folder, "pytorch_model.bin"))
 
 
+def deep_index(folder):
+    os.remove(os.path.join(folder, "model.safetensors"))
+    open(os.path.join(folder, "model.safetensors.index.json"), "w").write("[" * 100_000)
+
+
 def linked_weights(folder):
     path = os.path.join(folder, "model.safetensors")
     os.rename(path, "elsewhere.safetensors")
@@ -430,6 +435,8 @@ def linked_weights(folder):
     (lambda d: edit_json(f"{d}/config.json", n_layer=500), "says n_layer=500 but the weights hold 2"),
     (lambda d: edit_json(f"{d}/config.json", activation_function="relu"), "GPT-2's MLP only"),
     (lambda d: open(f"{d}/config.json", "w").write("{not json"), "config.json is not JSON"),
+    (lambda d: open(f"{d}/config.json", "w").write("[" * 100_000), "config.json is not JSON"),
+    (deep_index, "model.safetensors.index.json is not a safetensors index"),
     (extra_tensor, "unexpected tensor transformer.h.0.attn.gate"),
     (linked_weights, "is a symbolic link, not a regular file"),
 ])
