@@ -53,8 +53,7 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
-# the repository's parquet conversion; the revision and file name as seen in public code and the hub's
-# listing, not checked from here (no network)
+# the hub's parquet conversion (revision and file name as public code uses them; not checked from here)
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
@@ -96,9 +95,8 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise DataError(f"could not load tiktoken's GPT-2 vocabulary ({type(e).__name__}); it is downloaded "
-                        "once and needs internet; offline, use a char or byte dataset (--tokenizer=char|byte)"
-                        ) from None
+        raise DataError(f"could not load tiktoken's GPT-2 vocabulary ({type(e).__name__}); fetching it needs "
+                        "internet; offline, use a char or byte dataset (--tokenizer=char|byte)") from None
 
 
 def encode_gpt2_document(text, enc):
@@ -278,8 +276,7 @@ def preparing(out_dir, name):
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
-                            "finished ones are kept: free some space and run the same command again"
-                            ) from None
+                            "finished ones are kept: free space and run the same command again") from None
         raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
     finally:
         lock.release()
@@ -519,8 +516,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     extra = sorted({os.path.basename(p) for p in find_shards(data_dir, "train")} - set(files))
     if extra:
         raise DataError(f"{data_dir} holds {len(extra)} train shards beyond --train_shards={train_shards} "
-                        f"({extra[0]} ...), which training would read too; delete them or ask for more "
-                        "shards")
+                        f"({extra[0]} ...), which training reads too; delete them or raise --train_shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
     todo = [file for file in files if os.path.islink(final(file)) or not os.path.isfile(final(file)) or

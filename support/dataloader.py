@@ -15,6 +15,7 @@ and evaluates on ValSet, the first val_tokens tokens of the val split, read in o
 import glob
 import json
 import os
+import re
 
 import numpy as np
 import torch
@@ -125,14 +126,6 @@ def read_json(path):
         raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
 
 
-def is_utf8(text):
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate, which JSON's \ud800 spells and UTF-8 cannot
-        return False
-    return True
-
-
 def check_meta(meta, where, remedy="prepare the dataset again"):
     """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
     or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
@@ -140,7 +133,8 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
         type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
         chars = meta.get("chars")
-        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"] and is_utf8(chars)
+        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
+        ok = ok and not re.search(r"[\ud800-\udfff]", chars)  # a lone surrogate (JSON: \ud800) is not UTF-8
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
@@ -273,9 +267,8 @@ class ShardLoader:
     def next_batch(self, device="cpu"):
         """This rank's next (x, y), both (B, T) on device."""
         if self.pos + self.step > len(self.starts):  # this shard is used up: next shard, or next epoch
-            last = self.shard + 1 == len(self.shards)
-            next_shard = (self.shard + 1) % len(self.shards)
-            self.load_state_dict({"epoch": self.epoch + last, "shard": next_shard, "pos": 0})
+            wrapped, shard = divmod(self.shard + 1, len(self.shards))  # wrapped: 1 after the last shard
+            self.load_state_dict({"epoch": self.epoch + wrapped, "shard": shard, "pos": 0})
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
         x, y = windows(self.tokens, mine, self.T)
         self.pos += self.step

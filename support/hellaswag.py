@@ -10,9 +10,8 @@ examples.
     python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
     python train.py --init_from=gpt2 --dataset=openwebtext --eval_only=True --hellaswag_interval=1
 
-train.py renders the examples once (render_all) and scores them at evaluations when hellaswag_interval asks.
-The examples are split across the ranks; each rank scores its share in batches, and the counts are summed
-over the ranks.
+train.py renders the examples once (render_all) and scores them at evaluations when hellaswag_interval asks
+(score: each rank scores its share, and the counts are summed over the ranks).
 """
 import json
 import os
@@ -52,10 +51,8 @@ def load_examples(out_dir="data"):
             example = json.loads(line)  # (bytes that are not UTF-8: a ValueError too)
         except (ValueError, RecursionError):  # not JSON, or nested too deeply
             example = {}
-        if not isinstance(example, dict):
-            example = {}
-        endings = example.get("endings")
-        label = example.get("label")
+        example = example if isinstance(example, dict) else {}
+        endings, label = example.get("endings"), example.get("label")
         ok = isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
             all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
         if not ok:

@@ -99,10 +99,9 @@ def read_config(path, source):
     if not os.path.lexists(path):
         raise ConfigError(f"{source!r} is not a directory saved with transformers' save_pretrained "
                           "(no config.json): pass a GPT-2 folder or a hub name such as gpt2")
+    text = read_regular(path, 1 << 20)  # a config.json is a few kB
     try:
-        config = json.loads(read_regular(path, 1 << 20))  # a config.json is a few kB
-    except ConfigError:
-        raise
+        config = json.loads(text)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply
         raise ConfigError(f"{path} is not JSON ({type(e).__name__}); {SAVE_AGAIN}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
@@ -127,10 +126,9 @@ def weight_files(folder):
     if os.path.lexists(single):
         files = [single]
     elif os.path.lexists(index):
+        text = read_regular(index, 1 << 24)
         try:
-            names = sorted(set(json.loads(read_regular(index, 1 << 24))["weight_map"].values()))
-        except ConfigError:
-            raise
+            names = sorted(set(json.loads(text)["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map); "
                               f"{SAVE_AGAIN}") from None
