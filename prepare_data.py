@@ -544,6 +544,18 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     return data_dir
 
 
+HELLASWAG_EXAMPLE = "a context (ctx, a text), 4 non-empty endings (texts) and a label 0..3 (an integer)"
+
+
+def is_hellaswag_example(example):
+    """Whether example is one that val.jsonl holds (HELLASWAG_EXAMPLE): checked here and where it is read."""
+    if not isinstance(example, dict):
+        return False
+    endings, label = example.get("endings"), example.get("label")
+    return isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
+        all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
+
+
 def prepare_hellaswag(out_dir="data"):
     """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: ctx, endings, label."""
     data_dir, staging = dataset_dirs(out_dir, "hellaswag")
@@ -556,15 +568,13 @@ def prepare_hellaswag(out_dir="data"):
     examples = []
     for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
         for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
-            label = str(label)  # a string in the hub's parquet, an int in the original jsonl
-            ok = isinstance(ctx, str) and isinstance(endings, list) and len(endings) == 4 and \
-                all(isinstance(e, str) for e in endings) and label in ("0", "1", "2", "3")
-            if not ok:
+            # the label: a string in the hub's parquet, an int in the original jsonl
+            example = {"ctx": ctx, "endings": endings, "label": int(label) if str(label).isdigit() else label}
+            if not is_hellaswag_example(example):
                 shutil.rmtree(staging)
-                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not a context, 4 endings and "
-                                "a label 0..3; deleted the download: run the same command again to fetch it "
-                                "anew")
-            examples.append({"ctx": ctx, "endings": endings, "label": int(label)})
+                raise DataError(f"{HELLASWAG_FILE}: example {len(examples)} is not {HELLASWAG_EXAMPLE}; "
+                                "deleted the download: run the same command again to fetch it anew")
+            examples.append(example)
     os.makedirs(data_dir, exist_ok=True)
     write_text(path, "".join(json.dumps(example) + "\n" for example in examples))  # whole or not at all
     shutil.rmtree(staging)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from support.configurator import ConfigError, read_regular
 from support.dataloader import DataError
-from prepare_data import get_tokenizer
+from prepare_data import HELLASWAG_EXAMPLE, get_tokenizer, is_hellaswag_example
 
 
 # prepare_data.py writes 10,042 lines: 1.2 MB of the tests' fake-hub text, several MB of the real text
@@ -50,14 +50,10 @@ def load_examples(out_dir="data"):
         try:
             example = json.loads(line)  # (bytes that are not UTF-8: a ValueError too)
         except (ValueError, RecursionError):  # not JSON, or nested too deeply
-            example = {}
-        example = example if isinstance(example, dict) else {}
-        endings, label = example.get("endings"), example.get("label")
-        ok = isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
-            all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
-        if not ok:
-            raise DataError(f"{path} line {number} is not an example as prepare_data.py writes it (a JSON "
-                            f"object: ctx a text, endings 4 non-empty texts, label an integer 0..3); {again}")
+            example = None
+        if not is_hellaswag_example(example):
+            raise DataError(f"{path} line {number} is not an example as prepare_data.py writes it "
+                            f"(a JSON object: {HELLASWAG_EXAMPLE}); {again}")
         examples.append(example)
     return examples
 

@@ -184,8 +184,10 @@ def test_prepare_hellaswag_from_the_hub(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("case, message", [
     ("short", "the download has .* bytes but the hub lists"),
-    ("three endings", "example 1 is not a context, 4 endings and a label 0..3"),
-    ("label 4", "example 1 is not a context, 4 endings and a label 0..3"),
+    ("three endings", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
+    ("label 4", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
+    # refused here as where train.py reads it (it would score 0/0)
+    ("empty ending", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
     ("no ctx", "cannot be read as parquet .it has no ctx column")])
 def test_a_broken_hellaswag_download_is_deleted_not_used(tmp_path, monkeypatch, case, message):
     rows = hellaswag_rows(3)
@@ -193,6 +195,8 @@ def test_a_broken_hellaswag_download_is_deleted_not_used(tmp_path, monkeypatch, 
         rows["endings"][1] = rows["endings"][1][:3]
     if case == "label 4":
         rows["label"][1] = "4"
+    if case == "empty ending":
+        rows["endings"][1] = rows["endings"][1][:3] + [""]
     if case == "no ctx":
         del rows["ctx"]
     good = parquet_bytes(hellaswag_rows(3))
