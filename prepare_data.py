@@ -437,6 +437,14 @@ def parquet_columns(path, file, columns):
                         "same command again to fetch it anew") from None
 
 
+def is_progress(progress, source):
+    """Whether progress.json records finished files of a preparation with these settings, as it is written."""
+    done = progress.get("done") if isinstance(progress, dict) and progress.get("source") == source else None
+    return isinstance(done, dict) and all(
+        file in OWT_FILES and isinstance(d, dict) and set(d) == {"docs", "train", "val"} and
+        all(type(n) is int and n >= 0 for n in d.values()) for file, d in done.items())
+
+
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
     """OpenWebText -> GPT-2 tokens, one parquet file at a time: downloaded, tokenised by num_proc processes
     into its own train shard and its share of val, recorded as done in progress.json (a restart skips it),
@@ -454,7 +462,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     sizes = hub_sizes(OWT_REPO, OWT_REVISION, OWT_FILES)
     progress_path = os.path.join(staging, "progress.json")
     progress = read_json(progress_path) if os.path.lexists(progress_path) else None
-    if not (isinstance(progress, dict) and progress.get("source") == source):  # none, or other settings
+    if not is_progress(progress, source):  # none, other settings, or not what we write there
         progress = {"source": source, "done": {}}  # start over; done: file -> its documents and tokens
     done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
     os.makedirs(staging, exist_ok=True)

@@ -615,6 +615,27 @@ def test_openwebtext_with_no_document_in_val_is_refused(tmp_path, owt_hub):
     assert not os.path.exists(os.path.join(out, "openwebtext", "openwebtext_val_000000.bin"))
 
 
+@pytest.mark.parametrize("done", [[], {"plain_text/train-00000-of-00080.parquet": 7},
+                                  {"plain_text/train-00000-of-00080.parquet": {"docs": "all"}},
+                                  {"elsewhere.parquet": {"docs": 1, "train": 1, "val": 1}}])
+def test_openwebtext_with_a_damaged_progress_file_starts_over(tmp_path, owt_hub, done):
+    """progress.json, in the staging folder, records the finished files; one that does not hold what
+    prepare_openwebtext writes there is not trusted: the preparation starts over and ends as a clean one."""
+    reference = pd.prepare("openwebtext", out_dir=str(tmp_path / "reference"), val_fraction=0.1, num_proc=1)
+    out = str(tmp_path / "data")
+    owt_hub.downloads, owt_hub.fail_at, owt_hub.error = [], 2, ConnectionError("network down")
+    with pytest.raises(DataError, match="could not reach the Hugging Face hub"):
+        pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=1)
+    path = os.path.join(out, ".openwebtext.staging", "progress.json")
+    progress = json.load(open(path))
+    json.dump({**progress, "done": done}, open(path, "w"))
+    owt_hub.downloads, owt_hub.fail_at = [], None
+    data_dir = pd.prepare("openwebtext", out_dir=out, val_fraction=0.1, num_proc=1)
+    assert owt_hub.downloads == pd.OWT_FILES
+    for split in ("train", "val"):
+        assert all_tokens(data_dir, split) == all_tokens(reference, split)
+
+
 def test_openwebtext_restarted_with_other_settings_starts_over(tmp_path, owt_hub):
     reference = pd.prepare("openwebtext", out_dir=str(tmp_path / "reference"), val_fraction=0.2, num_proc=2)
     out = str(tmp_path / "data")
