@@ -7,7 +7,6 @@ Nothing here decides what a figure shows: corridor.py computes it (val_loss_line
 only draws it. corridor.py imports this file when it draws, so matplotlib stays optional.
 """
 import math
-import os
 
 import matplotlib
 matplotlib.use("Agg")  # draw into files only: no window, so it also works on a server or in CI
