@@ -542,10 +542,8 @@ def load_csv(path):
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     reader = csv.DictReader(io.StringIO(text))
-    rows = []
     try:
-        for row in reader:
-            rows.append(row)
+        rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
         line = reader.line_num + 1  # a DictReader counts the lines of the rows it returned
         what = f"not a row that corridor.py --csv writes ({e})"
