@@ -119,17 +119,12 @@ def ops_table(best):
              "|---|---|---|---|---|---|---|"]
     for (op, impl, T), r in best.items():
         ref = best.get(("attention", impl, T))  # the attention row with the same impl and block_size
+        ratio = {k: "-" if ref is None or r[k] is None else f"{r[k] / ref[k]:.3f}"  # "-": nothing to divide
+                 for k in ("tokens_per_s", "peak_mib")}
         peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
-        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio(r, ref, 'tokens_per_s')} "
-                     f"| {peak} | {ratio(r, ref, 'peak_mib')} |")
+        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio['tokens_per_s']} | {peak} "
+                     f"| {ratio['peak_mib']} |")
     return lines
-
-
-def ratio(r, ref, key):
-    """r[key] / ref[key] to three places; '-' where the reference row or the value is missing."""
-    if ref is None or r[key] is None:
-        return "-"
-    return f"{r[key] / ref[key]:.3f}"
 
 
 def bench_ops(cfg):

@@ -148,8 +148,8 @@ def summarize(run):
     tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
     s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
-         "controls": controls(run["config"]), "learns_gamma": learns_gamma(run),
-         "tokens": max(tokens) if tokens else None, "iter": max(r.get("iter", 0) for r in run["records"]),
+         "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None,
+         "iter": max(r.get("iter", 0) for r in run["records"]),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
@@ -542,10 +542,8 @@ def load_csv(path):
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     reader = csv.DictReader(io.StringIO(text))
-    rows = []
     try:
-        for row in reader:
-            rows.append(row)
+        rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
         line = reader.line_num + 1  # a DictReader counts the lines of the rows it returned
         what = f"not a row that corridor.py --csv writes ({e})"

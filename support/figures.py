@@ -7,7 +7,6 @@ Nothing here decides what a figure shows: corridor.py computes it (val_loss_line
 only draws it. corridor.py imports this file when it draws, so matplotlib stays optional.
 """
 import math
-import os
 
 import matplotlib
 matplotlib.use("Agg")  # draw into files only: no window, so it also works on a server or in CI
@@ -81,10 +80,8 @@ def corridor_curve(curve):
         a.grid(alpha=0.3)
     ax.axhline(0, color="black", linewidth=1)
     colours = plt.get_cmap("tab10")
-    xs = [0.0, -1.0]
     for i, c in enumerate(curve["curves"]):
         x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
-        xs += list(x)
         ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2,
                         label="95% confidence interval" if i == 0 else None)
         ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
@@ -97,7 +94,6 @@ def corridor_curve(curve):
     if low:
         for j, g in enumerate(learned):
             y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # side by side
-            xs += list(g["layer_gamma"])
             low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt="v^sD"[j % 4], markersize=11,
                          capsize=4, color=colours(len(curve["curves"]) + j), label=f"learned {g['label']}")
         low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
@@ -106,7 +102,9 @@ def corridor_curve(curve):
         low.legend(loc="best", fontsize=12)
     (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  "
                            "γ = −1: negative Laplacian)")
-    xs = [x for x in xs if math.isfinite(x)]  # a diverged run's γ may be NaN
+    # the x range: attention, the Laplacian and every point drawn (a diverged run's γ may be NaN)
+    xs = [x for c in curve["curves"] for x in c["gamma"]] + [x for g in learned for x in g["layer_gamma"]]
+    xs = [x for x in [0.0, -1.0, *xs] if math.isfinite(x)]
     ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
     return fig
 
