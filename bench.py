@@ -30,11 +30,14 @@ import subprocess
 import sys
 import time
 
-import torch
+try:  # Ctrl-C while the libraries load gets one line too
+    import torch
 
-from support.configurator import ConfigError, at_least, configure, one_of
-from support.hardware import keep_freed_memory
-from model import GPT, GPTConfig
+    from support.configurator import ConfigError, at_least, configure, one_of
+    from support.hardware import keep_freed_memory
+    from model import GPT, GPTConfig
+except KeyboardInterrupt:
+    sys.exit("interrupted while starting: nothing was written; run the same command again")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
@@ -267,6 +270,8 @@ def main(argv):
                 "sample": bench_sample}[cfg.what](cfg)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # a benchmark writes nothing
+        sys.exit("interrupted")
 
 
 if __name__ == "__main__":

@@ -35,12 +35,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import filelock
-import numpy as np
+try:  # Ctrl-C while the libraries load gets one line too
+    import filelock
+    import numpy as np
 
-from support.configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of, open_regular,
-                          optional, refuse_unless_regular)
-from support.dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
+    from support.configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of,
+                                      open_regular, optional, refuse_unless_regular)
+    from support.dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
+except KeyboardInterrupt:
+    sys.exit("interrupted while starting: nothing was written; run the same command again")
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -182,12 +182,14 @@ def test_prepare_hellaswag_from_the_hub(tmp_path, monkeypatch, capsys):
     assert hub.downloads == [pd.HELLASWAG_FILE] and "already prepared" in capsys.readouterr().out
 
 
+NOT_AN_EXAMPLE = "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"
+
+
 @pytest.mark.parametrize("case, message", [
     ("short", "the download has .* bytes but the hub lists"),
-    ("three endings", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
-    ("label 4", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
-    # refused here as where train.py reads it (it would score 0/0)
-    ("empty ending", "example 1 is not a context .ctx, a text., 4 non-empty endings .texts. and a label 0..3"),
+    ("three endings", NOT_AN_EXAMPLE),
+    ("label 4", NOT_AN_EXAMPLE),
+    ("empty ending", NOT_AN_EXAMPLE),  # refused here as where train.py reads it (it would score 0/0)
     ("no ctx", "cannot be read as parquet .it has no ctx column")])
 def test_a_broken_hellaswag_download_is_deleted_not_used(tmp_path, monkeypatch, case, message):
     rows = hellaswag_rows(3)
