@@ -305,4 +305,7 @@ def main(argv, fn=mix_attention):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        sys.exit("interrupted: the kernel check did not finish")

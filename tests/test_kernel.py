@@ -506,6 +506,21 @@ def test_kernel_check_help_prints_help_and_checks_nothing():
     assert old.returncode == 1 and "python -m support.kernel_check" in old.stderr  # never a silent pass
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(os.name == "nt", reason="sends SIGINT, which Windows' Popen cannot")
+def test_ctrl_c_in_the_kernel_gate_is_one_line():
+    import signal
+    import subprocess
+    import sys
+    gate = subprocess.Popen([sys.executable, "-m", "support.kernel_check", "--tests=False", "--timing=False"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert gate.stdout.readline().startswith("float64 check")  # checking: minutes on a CPU
+    gate.send_signal(signal.SIGINT)
+    _, err = gate.communicate(timeout=120)
+    assert gate.returncode == 1 and err == "interrupted: the kernel check did not finish\n", err
+
+
 def test_sdpa_backend_is_named():
     (q, k, v, _, _), _ = make_inputs(1, 16, 16)
     assert kernel_check.sdpa_backend(q, k, v) not in ("", "unknown")
