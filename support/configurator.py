@@ -37,29 +37,25 @@ def why(e):
 
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
-def one_of(*choices):
+def requires(allowed, says):
+    """A rule that lets a value pass when allowed(value), else says what is allowed."""
     def rule(key, value):
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not allowed: choose one of {', '.join(map(str, choices))}")
+        if not allowed(value):
+            raise ConfigError(f"{key}={value!r} is not allowed: {says}")
         return value
     return rule
+
+
+def one_of(*choices):
+    return requires(lambda value: value in choices, f"choose one of {', '.join(map(str, choices))}")
 
 
 def at_least(low):
-    def rule(key, value):
-        if not value >= low:
-            raise ConfigError(f"{key}={value!r} is not allowed: it must be ≥ {low}")
-        return value
-    return rule
+    return requires(lambda value: value >= low, f"it must be ≥ {low}")
 
 
 def in_range(low, high):
-    """low ≤ value < high."""
-    def rule(key, value):
-        if not low <= value < high:
-            raise ConfigError(f"{key}={value!r} is not allowed: it must be in [{low}, {high})")
-        return value
-    return rule
+    return requires(lambda value: low <= value < high, f"it must be in [{low}, {high})")
 
 
 # a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's per-iteration seeds
