@@ -117,7 +117,6 @@ def parse_value(text, default):
     return value
 
 
-
 def configure(defaults, argv, rules=None, files=True, help_from=()):
     """Defaults, then config files (when files=True), then --key=value, whatever their order in argv. Returns
     (cfg, given): the settings as attributes, and the set of keys a config file or the command line set.
@@ -197,8 +196,7 @@ def read_config_file(path):
                 raise ConfigError(f"config file {path} is JSON, but config files are Python (like "
                                   "config/train_demo.py); a run's own settings resume with "
                                   "--init_from=resume --out_dir=ITS_FOLDER") from None
-            first_line = str(e).splitlines()[0] if str(e) else ""
-            raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {first_line}") from None
+            raise ConfigError(f"config file {path} failed: {why(e)}") from None
     return {k: v for k, v in scope.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 
