@@ -117,14 +117,6 @@ def is_temporary(name):
     return name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
 
 
-def remove_temporaries(out_dir):
-    """Remove the temporaries a run killed mid-write left behind. Call it holding the lock: no one else
-    writes there."""
-    for name in os.listdir(out_dir):
-        if is_temporary(name):
-            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
-
-
 def check_run_dir(out_dir, resuming):
     """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
     RUN_FILES, as regular files, and its log before its config: so in a new run's directory anything else, a
@@ -158,7 +150,8 @@ def claim_run_dir(out_dir, resuming):
         os.makedirs(out_dir, exist_ok=True)
         check_run_dir(out_dir, resuming)  # before the lock: nothing is written into others' folders
         lock_run_dir(out_dir)
-        remove_temporaries(out_dir)
+        for name in filter(is_temporary, os.listdir(out_dir)):  # a killed run left them
+            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
     except OSError as e:
         raise ConfigError(f"out_dir={out_dir!r} cannot hold a run: {e.strerror}; "
                           "choose another --out_dir") from None
