@@ -15,6 +15,7 @@ Every file is written to a fresh temporary name and renamed, so a crash or a ful
 one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
 opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
 """
+import contextlib
 import json
 import math
 import os
@@ -53,7 +54,11 @@ def lock_run_dir(out):
     try:
         lock.acquire()
     except filelock.Timeout:
-        raise ConfigError(f"{out} is in use by another run (process {_holder(path)}); wait for it to "
+        holder = "?"  # the process id on the lock file's first line
+        with contextlib.suppress(OSError):  # on Windows the holder's lock keeps others from reading the file
+            with open(path, encoding="utf-8", errors="replace") as f:
+                holder = f.readline().strip() or "?"
+        raise ConfigError(f"{out} is in use by another run (process {holder}); wait for it to "
                           "finish or choose another --out_dir") from None
     for fd in fds:  # write through the lock's descriptor: on Windows the lock keeps other handles out
         previous = os.read(fd, 100).decode(errors="replace").strip()  # a run that finishes empties the file
@@ -64,15 +69,6 @@ def lock_run_dir(out):
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, str(os.getpid()).encode())
     _held[key] = lock, fds
-
-
-def _holder(path):
-    """The process id on the lock file's first line, or '?'."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readline().strip() or "?"
-    except OSError:  # on Windows the holder's lock keeps others from reading the byte it locks
-        return "?"
 
 
 def unlock_run_dir(out):
