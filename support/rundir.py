@@ -179,9 +179,7 @@ def before_first_checkpoint(line):
         record = json.loads(line)
     except ValueError:
         return False
-    if not isinstance(record, dict):
-        return False
-    event = record.get("event")
+    event = record.get("event") if isinstance(record, dict) else None
     return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
 
 
