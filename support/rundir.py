@@ -294,13 +294,10 @@ def model_from_checkpoint(ckpt, **changes):
     return model
 
 
-ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW (amsgrad off) keeps per parameter
-
-
 def adamw_entry_fits(entry, param, iter_num):
     """Whether one parameter's saved AdamW state is a step count in [0, iter_num] and two finite moments
     shaped like the parameter (exp_avg_sq ≥ 0): what the fused optimizer assumes without checking."""
-    if not (isinstance(entry, dict) and set(entry) == ADAMW_STATE):
+    if not (isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}):  # amsgrad: off
         return False
     step, moments = entry["step"], (entry["exp_avg"], entry["exp_avg_sq"])
     if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
