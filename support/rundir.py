@@ -388,17 +388,11 @@ class RunLog:
         self.file.write((json.dumps(record) + "\n").encode())
         self.file.flush()
         if self.wandb is not None and record["event"] in ("train", "eval"):
-            self.wandb.log(wandb_numbers(record), step=record["iter"])
-
-
-def wandb_numbers(record):
-    """A log record as wandb charts it: its numbers, and every head's γ, δ as gamma/L{layer}H{head}, ..."""
-    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
-    for name in ("gamma", "delta"):
-        for layer, heads in enumerate(record.get(name, [])):
-            for head, value in enumerate(heads):
-                numbers[f"{name}/L{layer}H{head}"] = value
-    return numbers
+            numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
+            for name in ("gamma", "delta"):  # every head's γ, δ on its own: gamma/L{layer}H{head}
+                for layer, heads in enumerate(record.get(name, [])):
+                    numbers.update({f"{name}/L{layer}H{head}": value for head, value in enumerate(heads)})
+            self.wandb.log(numbers, step=record["iter"])
 
 
 # -----------------------------------------------------------------------------
