@@ -425,10 +425,8 @@ def start_run_dir(run, resume_iter):
     is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when resuming, else None."""
     cfg = run.cfg
     claim_run_dir(cfg.out_dir, resume_iter is not None)
-    wandb_run = None
-    if cfg.wandb_log:
-        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
-    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run)
+    wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
     settings = json.dumps(vars(cfg), indent=1)
     atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
     run.log({"event": "start", "iter": resume_iter or 0, "commit": git_commit(), "torch": torch.__version__,
@@ -451,8 +449,7 @@ def stop_if_not_finite(what, value, iter_num, out_dir):
     if math.isfinite(value):
         return
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    last = "no checkpoint was written"
-    if os.path.exists(ckpt_path):
-        last = f"the last good checkpoint {ckpt_path} is untouched"
+    last = (f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path)
+            else "no checkpoint was written")
     raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
                              "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
