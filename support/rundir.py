@@ -300,13 +300,11 @@ def adamw_entry_fits(entry, param, iter_num):
     if not (isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}):  # amsgrad: off
         return False
     step, moments = entry["step"], (entry["exp_avg"], entry["exp_avg_sq"])
-    if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
-               and m.shape == param.shape and m.is_contiguous() for m in moments):
-        return False
-    if not (isinstance(step, torch.Tensor) and step.shape == ()
-            and (step.is_floating_point() or step.dtype == torch.int64)):
-        return False
-    return (0 <= step.item() <= iter_num and step.item() == int(step.item())
+    return (all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
+                and m.shape == param.shape and m.is_contiguous() for m in moments)
+            and isinstance(step, torch.Tensor) and step.shape == ()
+            and (step.is_floating_point() or step.dtype == torch.int64)
+            and 0 <= step.item() <= iter_num and step.item() == int(step.item())
             and all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all()))
 
 
