@@ -79,7 +79,6 @@ def sample(cfg, given=frozenset()):
         if op_settings:
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "
                               "a checkpoint's op is fixed; drop it")
-
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
         model = model_from_checkpoint(ckpt, impl="auto")  # train.py's checks of the weights
         encode, decode = get_tokenizer(ckpt["meta"])

@@ -37,29 +37,25 @@ def why(e):
 
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
-def one_of(*choices):
+def requires(allowed, says):
+    """A rule that lets a value pass when allowed(value), else says what is allowed."""
     def rule(key, value):
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not allowed: choose one of {', '.join(map(str, choices))}")
+        if not allowed(value):
+            raise ConfigError(f"{key}={value!r} is not allowed: {says}")
         return value
     return rule
+
+
+def one_of(*choices):
+    return requires(lambda value: value in choices, f"choose one of {', '.join(map(str, choices))}")
 
 
 def at_least(low):
-    def rule(key, value):
-        if not value >= low:
-            raise ConfigError(f"{key}={value!r} is not allowed: it must be ≥ {low}")
-        return value
-    return rule
+    return requires(lambda value: value >= low, f"it must be ≥ {low}")
 
 
 def in_range(low, high):
-    """low ≤ value < high."""
-    def rule(key, value):
-        if not low <= value < high:
-            raise ConfigError(f"{key}={value!r} is not allowed: it must be in [{low}, {high})")
-        return value
-    return rule
+    return requires(lambda value: low <= value < high, f"it must be in [{low}, {high})")
 
 
 # a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's per-iteration seeds
@@ -119,7 +115,6 @@ def parse_value(text, default):
     if isinstance(default, str) and not isinstance(value, str):
         return text  # --out_dir=2024 is text
     return value
-
 
 
 def configure(defaults, argv, rules=None, files=True, help_from=()):
@@ -201,8 +196,7 @@ def read_config_file(path):
                 raise ConfigError(f"config file {path} is JSON, but config files are Python (like "
                                   "config/train_demo.py); a run's own settings resume with "
                                   "--init_from=resume --out_dir=ITS_FOLDER") from None
-            first_line = str(e).splitlines()[0] if str(e) else ""
-            raise ConfigError(f"config file {path} failed: {e.__class__.__name__}: {first_line}") from None
+            raise ConfigError(f"config file {path} failed: {why(e)}") from None
     return {k: v for k, v in scope.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
 

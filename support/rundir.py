@@ -15,6 +15,7 @@ Every file is written to a fresh temporary name and renamed, so a crash or a ful
 one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
 opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
 """
+import contextlib
 import json
 import math
 import os
@@ -53,7 +54,11 @@ def lock_run_dir(out):
     try:
         lock.acquire()
     except filelock.Timeout:
-        raise ConfigError(f"{out} is in use by another run (process {_holder(path)}); wait for it to "
+        holder = "?"  # the process id on the lock file's first line
+        with contextlib.suppress(OSError):  # on Windows the holder's lock keeps others from reading the file
+            with open(path, encoding="utf-8", errors="replace") as f:
+                holder = f.readline().strip() or "?"
+        raise ConfigError(f"{out} is in use by another run (process {holder}); wait for it to "
                           "finish or choose another --out_dir") from None
     for fd in fds:  # write through the lock's descriptor: on Windows the lock keeps other handles out
         previous = os.read(fd, 100).decode(errors="replace").strip()  # a run that finishes empties the file
@@ -64,15 +69,6 @@ def lock_run_dir(out):
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, str(os.getpid()).encode())
     _held[key] = lock, fds
-
-
-def _holder(path):
-    """The process id on the lock file's first line, or '?'."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readline().strip() or "?"
-    except OSError:  # on Windows the holder's lock keeps others from reading the byte it locks
-        return "?"
 
 
 def unlock_run_dir(out):
@@ -117,14 +113,6 @@ def is_temporary(name):
     return name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
 
 
-def remove_temporaries(out_dir):
-    """Remove the temporaries a run killed mid-write left behind. Call it holding the lock: no one else
-    writes there."""
-    for name in os.listdir(out_dir):
-        if is_temporary(name):
-            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
-
-
 def check_run_dir(out_dir, resuming):
     """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
     RUN_FILES, as regular files, and its log before its config: so in a new run's directory anything else, a
@@ -158,7 +146,8 @@ def claim_run_dir(out_dir, resuming):
         os.makedirs(out_dir, exist_ok=True)
         check_run_dir(out_dir, resuming)  # before the lock: nothing is written into others' folders
         lock_run_dir(out_dir)
-        remove_temporaries(out_dir)
+        for name in filter(is_temporary, os.listdir(out_dir)):  # a killed run left them
+            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
     except OSError as e:
         raise ConfigError(f"out_dir={out_dir!r} cannot hold a run: {e.strerror}; "
                           "choose another --out_dir") from None
@@ -190,9 +179,7 @@ def before_first_checkpoint(line):
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON, or nested too deeply
         return False
-    if not isinstance(record, dict):
-        return False
-    event = record.get("event")
+    event = record.get("event") if isinstance(record, dict) else None
     return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
 
 
@@ -307,22 +294,17 @@ def model_from_checkpoint(ckpt, **changes):
     return model
 
 
-ADAMW_STATE = {"step", "exp_avg", "exp_avg_sq"}  # what AdamW (amsgrad off) keeps per parameter
-
-
 def adamw_entry_fits(entry, param, iter_num):
     """Whether one parameter's saved AdamW state is a step count in [0, iter_num] and two finite moments
     shaped like the parameter (exp_avg_sq ≥ 0): what the fused optimizer assumes without checking."""
-    if not (isinstance(entry, dict) and set(entry) == ADAMW_STATE):
+    if not (isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}):  # amsgrad: off
         return False
     step, moments = entry["step"], (entry["exp_avg"], entry["exp_avg_sq"])
-    if not all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
-               and m.shape == param.shape and m.is_contiguous() for m in moments):
-        return False
-    if not (isinstance(step, torch.Tensor) and step.shape == ()
-            and (step.is_floating_point() or step.dtype == torch.int64)):
-        return False
-    return (0 <= step.item() <= iter_num and step.item() == int(step.item())
+    return (all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
+                and m.shape == param.shape and m.is_contiguous() for m in moments)
+            and isinstance(step, torch.Tensor) and step.shape == ()
+            and (step.is_floating_point() or step.dtype == torch.int64)
+            and 0 <= step.item() <= iter_num and step.item() == int(step.item())
             and all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all()))
 
 
@@ -404,17 +386,11 @@ class RunLog:
         self.file.write((json.dumps(record) + "\n").encode())
         self.file.flush()
         if self.wandb is not None and record["event"] in ("train", "eval"):
-            self.wandb.log(wandb_numbers(record), step=record["iter"])
-
-
-def wandb_numbers(record):
-    """A log record as wandb charts it: its numbers, and every head's γ, δ as gamma/L{layer}H{head}, ..."""
-    numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
-    for name in ("gamma", "delta"):
-        for layer, heads in enumerate(record.get(name, [])):
-            for head, value in enumerate(heads):
-                numbers[f"{name}/L{layer}H{head}"] = value
-    return numbers
+            numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
+            for name in ("gamma", "delta"):  # every head's γ, δ on its own: gamma/L{layer}H{head}
+                for layer, heads in enumerate(record.get(name, [])):
+                    numbers.update({f"{name}/L{layer}H{head}": value for head, value in enumerate(heads)})
+            self.wandb.log(numbers, step=record["iter"])
 
 
 # -----------------------------------------------------------------------------
@@ -447,10 +423,8 @@ def start_run_dir(run, resume_iter):
     is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when resuming, else None."""
     cfg = run.cfg
     claim_run_dir(cfg.out_dir, resume_iter is not None)
-    wandb_run = None
-    if cfg.wandb_log:
-        wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
-    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run)
+    wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
+    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
     settings = json.dumps(vars(cfg), indent=1)
     atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
     run.log({"event": "start", "iter": resume_iter or 0, "commit": git_commit(), "torch": torch.__version__,
@@ -473,8 +447,7 @@ def stop_if_not_finite(what, value, iter_num, out_dir):
     if math.isfinite(value):
         return
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    last = "no checkpoint was written"
-    if os.path.exists(ckpt_path):
-        last = f"the last good checkpoint {ckpt_path} is untouched"
+    last = (f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path)
+            else "no checkpoint was written")
     raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
                              "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")

@@ -10,7 +10,7 @@ from dataclasses import fields
 from model import GPTConfig
 from operators import OPS, all_controls
 from support.configurator import (SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of,
-                                  optional)
+                                  optional, requires)
 from support.hardware import device_rule
 from support.pretrained import PRETRAINED
 from support.rundir import load_checkpoint
@@ -19,13 +19,9 @@ MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", 
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
 
-def init_from_rule(key, value):
-    if value not in ("scratch", "resume", *PRETRAINED) and not os.path.isdir(value):
-        raise ConfigError(f"{key}={value!r} is not allowed: use scratch, resume, {', '.join(PRETRAINED)} "
-                          "or a local directory saved with transformers' save_pretrained")
-    return value
-
-
+init_from_rule = requires(lambda value: value in ("scratch", "resume", *PRETRAINED) or os.path.isdir(value),
+                          f"use scratch, resume, {', '.join(PRETRAINED)} or a local directory saved with "
+                          "transformers' save_pretrained")
 RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
              val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
              init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
