@@ -11,13 +11,16 @@ with any op, decoding with tiktoken's GPT-2 BPE.
 import os
 import sys
 
-import torch
+try:  # Ctrl-C while the libraries load gets one line too
+    import torch
 
-from support.configurator import SEED, ConfigError, at_least, configure, optional
-from model import GPT
-from operators import OPS, all_controls
-from prepare_data import get_tokenizer
-from support.rundir import load_checkpoint, model_from_checkpoint
+    from support.configurator import SEED, ConfigError, at_least, configure, optional
+    from model import GPT
+    from operators import OPS, all_controls
+    from prepare_data import get_tokenizer
+    from support.rundir import load_checkpoint, model_from_checkpoint
+except KeyboardInterrupt:
+    sys.exit("interrupted while starting: nothing was written; run the same command again")
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
@@ -47,6 +50,9 @@ RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=te
              top_k=optional(int, at_least(1)))
 
 
+PROMPT_CHARS = 1 << 24
+
+
 def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
@@ -56,11 +62,15 @@ def read_prompt(start):
         raise ConfigError(f"--start=FILE:{path}: not a regular file (a FIFO or a device); give a text file")
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            prompt = f.read(PROMPT_CHARS + 1)  # bounded: a file of gigabytes is not read into memory
     except UnicodeDecodeError:
         raise ConfigError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
     except OSError as e:
         raise ConfigError(f"--start=FILE:{path}: {e.strerror.lower()}") from None
+    if len(prompt) > PROMPT_CHARS:
+        raise ConfigError(f"--start=FILE:{path}: longer than {PROMPT_CHARS:,} characters; give a shorter prompt "
+                          "(the model sees only its last block_size tokens)")
+    return prompt
 
 
 def sample(cfg, given=frozenset()):
