@@ -10,15 +10,19 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 """
 
 import math
+import sys
 from dataclasses import dataclass, field
 
-import torch
-import torch.nn as nn
-from torch.nn import functional as F
+try:  # Ctrl-C while torch loads (python model.py) gets one line too
+    import torch
+    import torch.nn as nn
+    from torch.nn import functional as F
 
-from operators import OPS, Attention, causal_softmax, operator_matrix
-from support import hardware
-from support.pretrained import gpt2_weights
+    from operators import OPS, Attention, causal_softmax, operator_matrix
+    from support import hardware
+    from support.pretrained import gpt2_weights
+except KeyboardInterrupt:
+    sys.exit("interrupted while starting: nothing was written; run the same command again")
 
 
 @dataclass
@@ -132,12 +136,10 @@ class GPT(nn.Module):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding=True):
         """Trainable parameters (frozen γ/δ are buffers), minus the position embeddings by default."""
@@ -327,10 +329,9 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
     attn = model.transformer.h[0].attn
     q, k, _ = attn.qkv(x)
     M = operator_matrix(q, k, *attn.op.coefficients())[0]  # (nh, T, T)
-    gamma_h, delta_h = model.gamma_delta()
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
+    gamma, delta = (t[0, h] for t in model.gamma_delta())
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
-    gamma, delta = gamma_h[0, h], delta_h[0, h]
     print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma:.3f}, δ = {delta:.3f}")
     print(f"its {T}×{T} operator (row i mixes the values v_0..v_i of the positions it may see):")
     print(M[h])
@@ -348,7 +349,6 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 
 if __name__ == "__main__":
-    import sys
     from support.configurator import ConfigError, configure, one_of
     try:
         cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)

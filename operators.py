@@ -62,8 +62,7 @@ class HeadOperator(nn.Module):
                              "undefined); give a non-zero δ, e.g. 1 (attention's)")
 
     def scalar(self, name, value, learn=True):
-        """One value per head: a Parameter when learned, else a buffer (saved with the model, never
-        trained)."""
+        """One value per head: a Parameter when learned, else a buffer (saved, never trained)."""
         t = torch.full((self.n_head,), float(value))
         setattr(self, name, nn.Parameter(t)) if learn else self.register_buffer(name, t)
 
@@ -169,8 +168,7 @@ class MixAlpha(HeadOperator):
 
 @register_op("mix_ab")
 class MixAB(HeadOperator):
-    """α·P + β(I - P) = β·I + (α - β)·P, both learned, started where δ(γI + P) starts:
-    α = δ(1 + γ), β = δγ."""
+    """α·P + β(I - P) = β·I + (α - β)·P, learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
     controls = dict(
         gamma_init=0.0,  # start as mix does with this γ
         delta_init=1.0,  # start as mix does with this δ

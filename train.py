@@ -9,8 +9,7 @@ DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: 
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
 A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in train()), which
---init_from=resume continues; with save_every, also ckpt_NNNNNN.pt copies for later analysis. The checks of
-settings, files and checkpoints live in support/ (settings.py, rundir.py): here each is one call.
+--init_from=resume continues (save_every keeps ckpt_NNNNNN.pt copies). Each check is one call into support/.
 """
 import math
 import sys

@@ -489,7 +489,8 @@ sys.meta_path.insert(0, CtrlC())
 """
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "prepare_data.py", "corridor.py", "bench.py"])
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "prepare_data.py", "corridor.py", "bench.py",
+                                    "model.py"])
 def test_ctrl_c_while_a_script_starts_is_one_line(workdir, script):
     (workdir / "hook").mkdir()
     (workdir / "hook" / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
