@@ -41,7 +41,9 @@ try:  # Ctrl-C while the libraries load gets one line too
 
     from support.configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of,
                                       open_regular, optional, refuse_unless_regular)
-    from support.dataloader import DataError, ShardFile, find_shards, load_meta, read_json, read_shard
+    from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta, read_json,
+                                    read_shard)
+    from support.hellaswag import HELLASWAG_EXAMPLE, is_hellaswag_example
 except KeyboardInterrupt:
     sys.exit("interrupted while starting: nothing was written; run the same command again")
 
@@ -90,17 +92,7 @@ class ShardWriter:
 
 
 # -----------------------------------------------------------------------------
-# tokenizers
-
-def gpt2_encoding():
-    """tiktoken's GPT-2 BPE (its vocabulary file is downloaded once, then cached by tiktoken)."""
-    import tiktoken
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        raise DataError(f"could not load tiktoken's GPT-2 vocabulary ({type(e).__name__}); fetching it needs "
-                        "internet; offline, use a char or byte dataset (--tokenizer=char|byte)") from None
-
+# tokenizing a corpus (support/dataloader.py holds the tokenizers themselves)
 
 def encode_gpt2_document(text, enc):
     return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
@@ -113,43 +105,6 @@ def encode_text(text, meta):
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
     vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
     return np.searchsorted(vocab, codepoints).astype(np.uint16)
-
-
-def get_tokenizer(meta):
-    """(encode, decode) for a dataset's meta: encode str -> list[int], decode list[int] -> str.
-    Decoding skips ids beyond the vocabulary: models pad vocab_size, and an untrained one may sample those."""
-    kind = meta.get("tokenizer")
-    if kind == "char":
-        chars = meta["chars"]
-        stoi = {c: i for i, c in enumerate(chars)}
-
-        def encode(s):
-            missing = sorted(set(s) - stoi.keys())
-            if missing:
-                raise DataError(f"characters {''.join(missing)!r} are not in this dataset's vocabulary")
-            return [stoi[c] for c in s]
-        return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
-    if kind == "byte":
-        return (lambda s: list(s.encode("utf-8")),
-                lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
-    if kind == "gpt2":
-        enc = gpt2_encoding()
-        return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
-                lambda ids: enc.decode([i for i in ids if i < enc.n_vocab]))
-    raise DataError(f"unknown tokenizer {kind!r} in meta.json (expected char, byte or gpt2)")
-
-
-def token_bytes(meta):
-    """The UTF-8 bytes of each token id's text, (vocab_size,) int64, from the tokenizer alone: what bits per
-    byte divides by. GPT-2's end-of-text token starts a document, no text of it: 0 bytes (as in nanochat)."""
-    if meta["tokenizer"] == "byte":
-        return np.ones(256, dtype=np.int64)
-    if meta["tokenizer"] == "char":
-        return np.array([len(c.encode("utf-8")) for c in meta["chars"]], dtype=np.int64)
-    enc = gpt2_encoding()
-    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
-    lengths[enc.eot_token] = 0
-    return np.array(lengths, dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------
@@ -553,18 +508,6 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     print(f"{name}: {meta['tokens']['train']:,} train / {meta['tokens']['val']:,} val tokens in {data_dir} "
           f"({time.time() - start:.0f}s)")
     return data_dir
-
-
-HELLASWAG_EXAMPLE = "a context (ctx, a text), 4 non-empty endings (texts) and a label 0..3 (an integer)"
-
-
-def is_hellaswag_example(example):
-    """Whether example is one that val.jsonl holds (HELLASWAG_EXAMPLE): checked here and where it is read."""
-    if not isinstance(example, dict):
-        return False
-    endings, label = example.get("endings"), example.get("label")
-    return isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
-        all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
 
 
 def prepare_hellaswag(out_dir="data"):

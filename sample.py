@@ -15,9 +15,9 @@ try:  # Ctrl-C while the libraries load gets one line too
     import torch
 
     from support.configurator import SEED, ConfigError, at_least, configure, optional
+    from support.dataloader import get_tokenizer
     from model import GPT
     from operators import OPS, all_controls
-    from prepare_data import get_tokenizer
     from support.rundir import load_checkpoint, model_from_checkpoint
 except KeyboardInterrupt:
     sys.exit("interrupted while starting: nothing was written; run the same command again")
@@ -68,8 +68,8 @@ def read_prompt(start):
     except OSError as e:
         raise ConfigError(f"--start=FILE:{path}: {e.strerror.lower()}") from None
     if len(prompt) > PROMPT_CHARS:
-        raise ConfigError(f"--start=FILE:{path}: longer than {PROMPT_CHARS:,} characters; give a shorter prompt "
-                          "(the model sees only its last block_size tokens)")
+        raise ConfigError(f"--start=FILE:{path}: longer than {PROMPT_CHARS:,} characters; give a shorter "
+                          "prompt (the model sees only its last block_size tokens)")
     return prompt
 
 

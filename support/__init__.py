@@ -3,7 +3,7 @@ The machinery that the teaching files (model.py, train.py, sample.py, prepare_da
 import, kept out of their way:
 
     configurator.py  settings: defaults, config files, --key=value, each checked once; files opened safely
-    dataloader.py    the token shards: format, the training loader, the fixed val set
+    dataloader.py    the token shards: format, tokenizers, the training loader, the fixed val set
     settings.py      train.py's settings: their rules, and what a checkpoint or pretrained model fixes
     rundir.py        a run directory: its lock, log, config and checkpoints, and their checks
     hardware.py      device, dtype, DDP processes, peak FLOP/s

@@ -1,5 +1,6 @@
 """
-The token-shard format and the loader that feeds training batches from it.
+The token-shard format, the tokenizers that give its ids a meaning, and the loader that feeds training batches
+from it.
 
 A shard is the llm.c / modded-nanogpt format: a header of 256 little-endian int32 [magic 20240520, version 1,
 number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ of such shards and a
@@ -173,6 +174,56 @@ def unigram_loss(data_dir, vocab_size):
                       for p in find_shards(data_dir, split)) for split in ("train", "val"))
     p_train = (train + 1) / (train + 1).sum()
     return float(-(val * np.log(p_train)).sum() / val.sum())
+
+
+# -----------------------------------------------------------------------------
+# tokenizers: what a dataset's token ids mean, from its meta.json (prepare_data.py, train.py, sample.py)
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE (its vocabulary file is downloaded once, then cached by tiktoken)."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise DataError(f"could not load tiktoken's GPT-2 vocabulary ({type(e).__name__}); fetching it needs "
+                        "internet; offline, use a char or byte dataset (--tokenizer=char|byte)") from None
+
+
+def get_tokenizer(meta):
+    """(encode, decode) for a dataset's meta: encode str -> list[int], decode list[int] -> str.
+    Decoding skips ids beyond the vocabulary: models pad vocab_size, and an untrained one may sample those."""
+    kind = meta.get("tokenizer")
+    if kind == "char":
+        chars = meta["chars"]
+        stoi = {c: i for i, c in enumerate(chars)}
+
+        def encode(s):
+            missing = sorted(set(s) - stoi.keys())
+            if missing:
+                raise DataError(f"characters {''.join(missing)!r} are not in this dataset's vocabulary")
+            return [stoi[c] for c in s]
+        return encode, lambda ids: "".join(chars[i] for i in ids if i < len(chars))
+    if kind == "byte":
+        return (lambda s: list(s.encode("utf-8")),
+                lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace"))
+    if kind == "gpt2":
+        enc = gpt2_encoding()
+        return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"}),
+                lambda ids: enc.decode([i for i in ids if i < enc.n_vocab]))
+    raise DataError(f"unknown tokenizer {kind!r} in meta.json (expected char, byte or gpt2)")
+
+
+def token_bytes(meta):
+    """The UTF-8 bytes of each token id's text, (vocab_size,) int64, from the tokenizer alone: what bits per
+    byte divides by. GPT-2's end-of-text token starts a document, no text of it: 0 bytes (as in nanochat)."""
+    if meta["tokenizer"] == "byte":
+        return np.ones(256, dtype=np.int64)
+    if meta["tokenizer"] == "char":
+        return np.array([len(c.encode("utf-8")) for c in meta["chars"]], dtype=np.int64)
+    enc = gpt2_encoding()
+    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    lengths[enc.eot_token] = 0
+    return np.array(lengths, dtype=np.int64)
 
 
 # -----------------------------------------------------------------------------

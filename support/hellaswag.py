@@ -21,12 +21,22 @@ import torch
 import torch.nn.functional as F
 
 from support.configurator import ConfigError, read_regular
-from support.dataloader import DataError
-from prepare_data import HELLASWAG_EXAMPLE, get_tokenizer, is_hellaswag_example
+from support.dataloader import DataError, get_tokenizer
 
 
 # prepare_data.py writes 10,042 lines: 1.2 MB of the tests' fake-hub text, several MB of the real text
 HELLASWAG_BYTES = 64 * 2**20
+HELLASWAG_EXAMPLE = "a context (ctx, a text), 4 non-empty endings (texts) and a label 0..3 (an integer)"
+
+
+def is_hellaswag_example(example):
+    """Whether example is one that val.jsonl holds (HELLASWAG_EXAMPLE): checked where prepare_data.py writes
+    it and where it is read."""
+    if not isinstance(example, dict):
+        return False
+    endings, label = example.get("endings"), example.get("label")
+    return isinstance(example.get("ctx"), str) and isinstance(endings, list) and len(endings) == 4 and \
+        all(isinstance(e, str) and e for e in endings) and type(label) is int and 0 <= label <= 3
 
 
 def load_examples(out_dir="data"):

@@ -180,7 +180,7 @@ def test_round_trip(tmp_path, tiny_enc, tokenizer):
     data_dir = pd.prepare_documents("tiny", DOCS, str(tmp_path), tokenizer, val_fraction=0.3)
     meta = dl.load_meta(data_dir)
     assert meta["tokenizer"] == tokenizer and meta["name"] == "tiny"
-    encode, decode = pd.get_tokenizer(meta)
+    encode, decode = dl.get_tokenizer(meta)
     train, val = pd.split_documents(DOCS, 0.3)
     assert "".join(train + val) == "".join(DOCS) and val[-1] == DOCS[-1]  # the cut falls inside document 2
     for split, docs in (("train", train), ("val", val)):
@@ -199,7 +199,7 @@ def test_round_trip(tmp_path, tiny_enc, tokenizer):
 
 
 def test_char_vocabulary_error():
-    encode, decode = pd.get_tokenizer({"tokenizer": "char", "chars": "ab", "vocab_size": 2})
+    encode, decode = dl.get_tokenizer({"tokenizer": "char", "chars": "ab", "vocab_size": 2})
     assert decode(encode("abba") + [5]) == "abba"  # ids past the vocabulary (model padding) are skipped
     with pytest.raises(DataError, match="'z' are not in this dataset's vocabulary"):
         encode("abz")
@@ -208,10 +208,10 @@ def test_char_vocabulary_error():
 def test_byte_and_gpt2_decoding_skip_padding_ids(tiny_enc):
     """A model's vocab_size is padded past the tokenizer's: an untrained one samples those ids, and decoding
     skips them; bytes that are not UTF-8 become U+FFFD instead of failing."""
-    encode, decode = pd.get_tokenizer({"tokenizer": "byte", "vocab_size": 256})
+    encode, decode = dl.get_tokenizer({"tokenizer": "byte", "vocab_size": 256})
     assert encode("hé") == [104, 195, 169]
     assert decode([104, 256, 195, 169, 300, 255]) == "hé\ufffd"  # 255 is the last byte: kept, and not UTF-8
-    encode, decode = pd.get_tokenizer({"tokenizer": "gpt2", "vocab_size": 257})
+    encode, decode = dl.get_tokenizer({"tokenizer": "gpt2", "vocab_size": 257})
     assert encode("<|endoftext|>hi") == [256, 104, 105]
     assert decode([256, 104, 257, 105, 1000]) == "<|endoftext|>hi"  # 256 is end-of-text, the last real id
 
@@ -219,7 +219,7 @@ def test_byte_and_gpt2_decoding_skip_padding_ids(tiny_enc):
 def test_unknown_tokenizer_and_offline_gpt2_are_one_line(monkeypatch):
     with pytest.raises(DataError, match=r"^unknown tokenizer 'bpe' in meta.json "
                                         r"\(expected char, byte or gpt2\)$"):
-        pd.get_tokenizer({"tokenizer": "bpe"})
+        dl.get_tokenizer({"tokenizer": "bpe"})
 
     def offline(name):
         raise ConnectionError("no network")
@@ -228,7 +228,7 @@ def test_unknown_tokenizer_and_offline_gpt2_are_one_line(monkeypatch):
                                         r".*needs internet; offline, use a char or byte dataset "
                                         r"\(--tokenizer=char\|byte\)"
                        ) as excinfo:
-        pd.get_tokenizer({"tokenizer": "gpt2"})
+        dl.get_tokenizer({"tokenizer": "gpt2"})
     one_line_error(excinfo)
 
 
@@ -263,7 +263,7 @@ def test_text_folder(tmp_path):
     data_dir = pd.prepare("text", input=str(folder) + "/", out_dir=out, val_fraction=1 / 3)
     assert data_dir == os.path.join(out, "books")  # books/ is named books, like books
     assert sorted(os.listdir(data_dir)) == ["books_train_000001.bin", "books_val_000000.bin", "meta.json"]
-    _, decode = pd.get_tokenizer(dl.load_meta(data_dir))
+    _, decode = dl.get_tokenizer(dl.load_meta(data_dir))
     assert decode(all_tokens(data_dir, "train")) == "first book " * 10 + "\n\n" + "second bk. " * 10
     assert decode(all_tokens(data_dir, "val")) == "third bk.. " * 10
     (folder / "c.txt").write_bytes(b"caf\xe9")
@@ -281,7 +281,7 @@ def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_p
                                     val_fraction=0.25)
     meta = dl.load_meta(data_dir)
     assert meta["chars"] == "\nabc"
-    assert pd.get_tokenizer(meta)[1](all_tokens(data_dir, "train")) == "abc\n\ncab\n\nbca"
+    assert dl.get_tokenizer(meta)[1](all_tokens(data_dir, "train")) == "abc\n\ncab\n\nbca"
     writer = pd.ShardWriter(str(tmp_path), "y", "train", shard_size=5)
     for doc in ([1, 2, 3], [4, 5, 6], [7]):
         writer.add(doc)
@@ -298,7 +298,7 @@ def test_char_vocabulary_up_to_65536_symbols(tmp_path):
     meta = dl.load_meta(data_dir)
     assert meta["vocab_size"] == len(meta["chars"]) == 65536
     assert max(all_tokens(data_dir, "val")) == 65535  # the last character gets the last id
-    assert pd.get_tokenizer(meta)[1](all_tokens(data_dir, "val")) == "".join(chars[32767:65535])
+    assert dl.get_tokenizer(meta)[1](all_tokens(data_dir, "val")) == "".join(chars[32767:65535])
     with pytest.raises(DataError, match="^big2: 65,537 distinct characters do not fit uint16; use "
                                         "--tokenizer=byte$"):
         pd.prepare_documents("big2", ["".join(chars)], str(tmp_path), val_fraction=0.5)

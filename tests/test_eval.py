@@ -23,10 +23,11 @@ import torch
 
 from support import hellaswag
 import prepare_data as pd
+from support import dataloader as dl
 import train
 from support.dataloader import DataError, ValSet, read_shard, write_shard
 from model import GPT, GPTConfig
-from prepare_data import token_bytes
+from support.dataloader import token_bytes
 from helpers import (QUICK, ROOT, TINY, FakeHub, char_dataset, parquet_bytes, read_log, run,  # noqa: F401
                      tiny_enc, workdir)  # (tiny_enc and workdir are fixtures)
 
@@ -312,7 +313,7 @@ def test_train_scores_hellaswag_when_asked(workdir, capsys):
     run("--dataset=bytes", "--max_iters=4", "--eval_interval=2", "--hellaswag_interval=4", "--out_dir=out/h")
     evals = read_log("out/h", "eval")
     assert ["hellaswag" in r for r in evals] == [True, False, True]  # iters 0 and 4
-    rendered = [hellaswag.render(e, pd.get_tokenizer({"tokenizer": "byte"})[0], 32) for e in examples]
+    rendered = [hellaswag.render(e, dl.get_tokenizer({"tokenizer": "byte"})[0], 32) for e in examples]
     want = hellaswag.score(checkpoint_model("out/h"), rendered, 4, "cpu")
     assert evals[-1]["hellaswag"] == want
     capsys.readouterr()
@@ -340,7 +341,7 @@ def test_eval_only_on_a_local_gpt2_reports_hellaswag(workdir, tiny_enc, capsys):
     out = capsys.readouterr().out
     model = GPT.from_pretrained("tiny-gpt2").eval()
     model.crop_block_size(32)
-    rendered = [hellaswag.render(e, pd.get_tokenizer({"tokenizer": "gpt2"})[0], 32) for e in EXAMPLES]
+    rendered = [hellaswag.render(e, dl.get_tokenizer({"tokenizer": "gpt2"})[0], 32) for e in EXAMPLES]
     want = hellaswag.score(model, rendered, 4, "cpu")
     assert f"hellaswag acc_norm {want:.4f} (3 examples)" in out and "bits/byte" in out
     assert not os.path.exists("out/g")  # eval_only writes nothing

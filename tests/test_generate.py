@@ -16,12 +16,11 @@ import tiktoken
 import torch
 
 import bench
-import prepare_data
+from support.dataloader import DataError, gpt2_encoding
 import sample
 from model import GPT, GPTConfig
 
 BLOCK = 16
-GPT2_ENCODING = prepare_data.gpt2_encoding  # before any test replaces it
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel on a GPU, or its CPU interpreter
 
 
@@ -219,7 +218,7 @@ def tiny_gpt2(tmp_path, monkeypatch):
         name="tiny",
         pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
         mergeable_ranks={bytes([i]): i for i in range(256)}, special_tokens={"<|endoftext|>": 256})
-    monkeypatch.setattr(prepare_data, "gpt2_encoding", lambda: enc)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_positions=32, n_embd=32, n_layer=2, n_head=4, vocab_size=enc.n_vocab)
     hf = transformers.GPT2LMHeadModel(config).eval()
@@ -258,10 +257,9 @@ def test_sample_from_gpt2_weights_continues_as_gpt2_does(tiny_gpt2):
 def test_sample_from_gpt2_offline_gives_the_data_preparers_error(tiny_gpt2, monkeypatch):
     def offline(name):
         raise ConnectionError("no network")
-    monkeypatch.setattr(prepare_data, "gpt2_encoding", GPT2_ENCODING)  # the real one, which fails offline
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    with pytest.raises(prepare_data.DataError) as e:
-        prepare_data.gpt2_encoding()
+    with pytest.raises(DataError) as e:
+        gpt2_encoding()
     assert one_line_error([f"--init_from={tiny_gpt2[1]}"]) == f"error: {e.value}"
 
 

@@ -29,7 +29,7 @@ from support.dataloader import unigram_loss, write_shard
 from support.hardware import pick_device_and_dtype
 from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
-from prepare_data import get_tokenizer
+from support.dataloader import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
 from helpers import ROOT, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (workdir is a fixture)
 
