@@ -16,6 +16,7 @@ try:  # Ctrl-C while the libraries load gets one line too
 
     from support.configurator import SEED, ConfigError, at_least, configure, optional
     from support.dataloader import get_tokenizer
+    from support.hardware import device_rule, pick_device
     from model import GPT
     from operators import OPS, all_controls
     from support.rundir import load_checkpoint, model_from_checkpoint
@@ -31,7 +32,7 @@ DEFAULTS = dict(
     temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,  # seeds the sampling
-    device="cpu",  # where to run: cpu, cuda, cuda:1, mps
+    device="cpu",  # where to run: cpu, cuda, cuda:1, mps, or auto (cuda > mps > cpu)
     op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
     **all_controls(),
 )
@@ -47,7 +48,7 @@ def temperature_rule(key, value):
 
 
 RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
-             top_k=optional(int, at_least(1)))
+             top_k=optional(int, at_least(1)), device=device_rule)
 
 
 PROMPT_CHARS = 1 << 24
@@ -74,16 +75,7 @@ def read_prompt(start):
 
 
 def sample(cfg, given=frozenset()):
-    try:
-        device = torch.device(cfg.device)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"device={cfg.device!r} is not a device to sample on; use cpu, cuda, cuda:N or mps")
-    cuda_missing = device.type == "cuda" and not torch.cuda.is_available()
-    mps_missing = device.type == "mps" and not torch.backends.mps.is_available()
-    if cuda_missing or mps_missing:
-        raise ConfigError(f"device={cfg.device!r} is not available here; use --device=cpu")
+    device = pick_device(cfg.device)[0]  # as train.py picks it
     op_settings = sorted(given & {"op", *all_controls()})
     if cfg.init_from == "resume":
         if op_settings:

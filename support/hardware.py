@@ -64,9 +64,10 @@ def device_rule(key, value):
     return value
 
 
-def pick_device_and_dtype(cfg, local_rank):
-    """cuda > mps > cpu, without touching CUDA on a machine that has none; bf16 where supported."""
-    dev = cfg.device
+def pick_device(name, local_rank=None):
+    """(device, its type) for a device setting: auto is cuda > mps > cpu, without touching CUDA on a machine
+    that has none; under torchrun, cuda is this process's GPU."""
+    dev = name
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if dev == "cuda" and local_rank is not None:
@@ -77,8 +78,14 @@ def pick_device_and_dtype(cfg, local_rank):
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such "
                           "device; use --device=cpu")
     if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
-        raise ConfigError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): start "
-                          "no more processes per node than it has GPUs")
+        raise ConfigError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): choose "
+                          "one of them (under torchrun, start no more processes per node than GPUs)")
+    return dev, device_type
+
+
+def pick_device_and_dtype(cfg, local_rank):
+    """The device (pick_device) and its dtype: bf16 where supported, else fp16 on GPUs; float32 on CPU."""
+    dev, device_type = pick_device(cfg.device, local_rank)
     dt = cfg.dtype
     if dt == "auto" and device_type == "cuda":
         dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"

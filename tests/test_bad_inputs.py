@@ -687,8 +687,8 @@ def test_dataset_without_meta_json(workdir):
 @pytest.mark.parametrize("args, words", [
     (["--temperature=-1"], "temperature=-1.0 is not allowed: it must be ≥ 0.0"),
     (["--top_k=0"], "top_k=0 is not allowed: it must be ≥ 1"),
-    (["--device=gpu"], "device='gpu' is not a device to sample on"),
-    (["--device=meta"], "device='meta' is not a device to sample on"),
+    (["--device=gpu"], "device='gpu' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
+    (["--device=meta"], "device='meta' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
     (["--start=FILE:missing.txt"], "--start=FILE:missing.txt: no such file or directory"),
     (["--start=FILE:."], "--start=FILE:.: is a directory"),
     (["--start=FILE:latin1.txt"], "--start=FILE:latin1.txt: the file is not UTF-8 text"),
@@ -720,7 +720,8 @@ def test_sample_on_a_cpu_only_machine(finished_run):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     line = one_line_error(sample.main, [f"--out_dir={finished_run}", "--device=cuda"])
-    assert "device='cuda' is not available here" in line
+    assert "device='cuda' but this torch has no CUDA or sees no such device; use --device=cpu" in line
+    assert len(sample.main([f"--out_dir={finished_run}", "--device=auto", "--num_samples=1"])) == 1  # the CPU
 
 
 @pytest.mark.parametrize("args, words", [
