@@ -367,6 +367,18 @@ def test_a_process_that_never_starts_is_named_after_a_bounded_wait(workdir, rank
     assert not os.path.exists("out")
 
 
+def test_a_master_port_in_use_is_one_line(workdir, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(taken.getsockname()[1])}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert "could not start (DistNetworkError: " in train_error("--gradient_accumulation_steps=2")
+        assert "choose a free MASTER_PORT" in train_error("--gradient_accumulation_steps=2")
+
+
 @pytest.mark.slow
 def test_a_config_bad_on_one_rank_is_said_by_that_rank(workdir):
     """A config file that reads RANK and is bad on rank 1 only: rank 1 prints its line, with its rank."""
