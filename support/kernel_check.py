@@ -34,17 +34,20 @@ import sys
 import time
 import warnings
 
-import torch
-import torch.nn.functional as F
+try:  # Ctrl-C while torch and triton load gets one line too
+    import torch
+    import torch.nn.functional as F
 
-if __name__ == "__main__" and not torch.cuda.is_available():  # the gate on a CPU: the Triton interpreter,
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # chosen before kernel.py defines its kernels
+    if __name__ == "__main__" and not torch.cuda.is_available():  # the gate on a CPU: the Triton interpreter,
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # chosen before kernel.py defines its kernels
 
-import triton
-from triton.testing import do_bench
+    import triton
+    from triton.testing import do_bench
 
-from support.configurator import ConfigError, configure
-from kernel import HEAD_DIMS, _on, _precision, candidates, mix_attention
+    from support.configurator import ConfigError, configure
+    from kernel import HEAD_DIMS, _on, _precision, candidates, mix_attention
+except KeyboardInterrupt:
+    sys.exit("interrupted: the kernel check did not finish")
 
 # -----------------------------------------------------------------------------
 # 1. The checks behind impl='auto', the way torch.backends.cudnn.benchmark picks algorithms: on the user's

@@ -502,11 +502,13 @@ sys.meta_path.insert(0, CtrlC())
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py", "prepare_data.py", "corridor.py", "bench.py",
-                                    "model.py"])
+                                    "model.py", "-m support.kernel_check"])
 def test_ctrl_c_while_a_script_starts_is_one_line(workdir, script):
     (workdir / "hook").mkdir()
     (workdir / "hook" / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
-    p = subprocess.run([sys.executable, os.path.join(ROOT, script)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(workdir / "hook")}, timeout=60)
+    path = os.pathsep.join([str(workdir / "hook"), ROOT])  # ROOT: where -m finds support/
+    command = script.split() if script.startswith("-m") else [os.path.join(ROOT, script)]
+    p = subprocess.run([sys.executable, *command], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": path}, timeout=60)
     assert p.returncode == 1 and p.stderr.startswith("interrupted") and p.stderr.count("\n") == 1, p.stderr
     assert sorted(os.listdir(workdir)) == ["hook"]  # nothing written
