@@ -11,18 +11,16 @@ Data for nanoCorridor: turn a text corpus into token shards (read back for train
 --help lists every option and the corpora it applies to; NAME --help only those NAME takes.
 
 Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
-support/dataloader.py) and meta.json, always written last: a folder without it is not a dataset, so an
-interrupted preparation never looks finished. The same command again finishes it; openwebtext and
-fineweb10B keep every finished file. One preparation of a dataset runs at a time: a second one (two
-train.py runs preparing pydocs, say) waits on the lock file out_dir/.NAME.lock, then uses the result.
+support/dataloader.py) and meta.json, written last: a folder without it is not a dataset. The same command
+again finishes an interrupted preparation; openwebtext and fineweb10B keep every finished file. A second
+preparation of the same dataset waits on the lock file out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
-- openwebtext: the 80 parquet files of Skylion007/openwebtext (`datasets` 4+ no longer runs its loading
-  script). A document goes to val when a hash of its text (BLAKE2b, as a number in [0, 1)) is below
-  --val_fraction (~4,000 documents at 0.0005): the same split whatever the file order or process count.
+- openwebtext: the 80 parquet files of Skylion007/openwebtext. A document goes to val when a hash of its text
+  (BLAKE2b, as a number in [0, 1)) is below --val_fraction: the same split on any machine.
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
-- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked: a context, 4 endings, a label 0..3)
-  saved as text in out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
+- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked) saved as text in
+  out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
 """
 import errno
 import hashlib
@@ -39,8 +37,8 @@ try:  # Ctrl-C while the libraries load gets one line too
     import filelock
     import numpy as np
 
-    from support.configurator import (ConfigError, at_least, configure, in_range, nonempty, one_of,
-                                      open_regular, optional, refuse_unless_regular)
+    from support.configurator import (at_least, configure, in_range, nonempty, one_of, open_regular, optional,
+                                      refuse_unless_regular, requires)
     from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta, read_json,
                                     read_shard)
     from support.hellaswag import HELLASWAG_EXAMPLE, is_hellaswag_example
@@ -58,7 +56,6 @@ OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M va
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
-# the hub's parquet conversion (revision and file name as public code uses them; not checked from here)
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
@@ -68,7 +65,7 @@ class ShardWriter:
     big the corpus: NAME_val_000000.bin, or NAME_train_000001.bin, 000002, ... (llm.c numbering)."""
 
     def __init__(self, out_dir, name, split, shard_size):
-        self.out_dir, self.name, self.split, self.shard_size = out_dir, name, split, shard_size
+        self.prefix, self.shard_size = os.path.join(out_dir, f"{name}_{split}_"), shard_size
         self.index = 0 if split == "val" else 1
         self.shard, self.files, self.tokens = None, [], 0
 
@@ -76,8 +73,7 @@ class ShardWriter:
         tokens = np.asarray(tokens)
         while len(tokens):
             if self.shard is None:
-                file = f"{self.name}_{self.split}_{self.index:06d}.bin"
-                self.shard = ShardFile(os.path.join(self.out_dir, file))
+                self.shard = ShardFile(f"{self.prefix}{self.index:06d}.bin")
             n = min(len(tokens), self.shard_size - self.shard.count)
             self.shard.write(tokens[:n])
             self.tokens, tokens = self.tokens + n, tokens[n:]
@@ -127,8 +123,7 @@ def shakespeare_documents():
 
 
 def text_documents(path):
-    """The documents of --input: the file, or each .txt (or .TXT) file in the folder. Each must be a regular
-    file (a subfolder named x.txt, a FIFO, a link to /dev/zero are refused, with one line naming it)."""
+    """The documents of --input: the file, or each .txt (or .TXT) file in the folder, each a regular file."""
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
@@ -167,15 +162,12 @@ def split_documents(docs, val_fraction):
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
-# characters: NAME_train_000001.bin.tmp stays within the 255 bytes a file name may have, even when every
-# character takes 4 bytes in UTF-8
-NAME_LENGTH = 50
+NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within 255 bytes, even at 4 bytes a character
 
 
 def check_dataset_name(key, name):
-    """The one check of a dataset's name (--name, train.py --dataset). It becomes the folder out_dir/NAME and
-    the shards' prefix NAME_train_000001.bin, so it is a plain word: no '/', '..', shell or glob pattern
-    ('py*' would be pydocs too), no '_train'/'_val' that would make one split's shards match the other's."""
+    """The one check of a dataset's name (--name, train.py --dataset), the folder out_dir/NAME and its shards'
+    prefix: no '/', '..', glob ('py*' is pydocs too), '_train' or '_val' (the other split's shards match)."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
         raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
@@ -208,9 +200,8 @@ def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
     # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
     lock_path = os.path.join(out_dir, f".{name}.lock")
-    # the operating system's lock, as the run directory's (rundir.lock_run_dir): flock, or LockFileEx on
-    # Windows, released when the process dies, even by kill -9; its file stays. Where the OS has none,
-    # filelock uses a marker file, which it must remove to release.
+    # the OS's lock (flock, LockFileEx), as rundir.lock_run_dir's: released when the process dies, even by
+    # kill -9, and its file stays. Where the OS has none, filelock's marker file must be removed to release.
     lock = filelock.FileLock(lock_path, preserve_lock_file=filelock.FileLock is not filelock.SoftFileLock)
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -427,9 +418,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     os.makedirs(data_dir, exist_ok=True)
     shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
     print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} processes; disk "
-          f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))}: the shards (~9.0B "
-          "tokens × 2 bytes by nanoGPT's count, for the files to do) plus one parquet file at a time, "
-          f"deleted once tokenised; {gigabytes(shutil.disk_usage(out_dir).free)} free")
+          f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))} (the shards, and "
+          f"one parquet file at a time); {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
     with Pool(num_proc, initializer=_init_worker, initargs=(enc, val_fraction)) as pool, \
@@ -555,14 +545,9 @@ OPTIONS = dict(
 )
 
 
-def fraction(key, value):
-    if not 0 < value < 1:
-        raise ConfigError(f"{key}={value!r} is not allowed: it must be between 0 and 1")
-    return value
-
-
 RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1), "name": nonempty,
-         "input": nonempty, "val_fraction": optional(float, fraction), "num_proc": optional(int, at_least(1)),
+         "input": nonempty, "num_proc": optional(int, at_least(1)),
+         "val_fraction": optional(float, requires(lambda value: 0 < value < 1, "it must be between 0 and 1")),
          "train_shards": in_range(1, FINEWEB_TRAIN_FILES + 1)}
 
 
@@ -611,11 +596,8 @@ def ensure_prepared(name, out_dir="data"):
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
     leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
                 if os.path.isdir(staging) else "")
-    what = "does not exist"
-    if os.path.isdir(data_dir):
-        what = "has no meta.json, so it is not a finished dataset"
-    elif os.path.lexists(data_dir):
-        what = "is not a folder"
+    what = ("has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else
+            "is not a folder" if os.path.lexists(data_dir) else "does not exist")
     raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
 
 

@@ -1,16 +1,13 @@
 """
-The token-shard format, the tokenizers that give its ids a meaning, and the loader that feeds training batches
-from it.
+The token-shard format, the tokenizers that give its ids a meaning, and the loader of training batches.
 
 A shard is the llm.c / modded-nanogpt format: a header of 256 little-endian int32 [magic 20240520, version 1,
 number of tokens, 0, ...], then the tokens as uint16. A dataset is a folder data/NAME/ of such shards and a
-meta.json (tokenizer and vocabulary), as prepare_data.py writes it. train.py reads it with ShardLoader:
+meta.json (tokenizer and vocabulary), as prepare_data.py writes it. train.py reads it with ShardLoader, and
+evaluates on ValSet, the first val_tokens tokens of the val split, read in order:
 
     loader = ShardLoader("data/pydocs", "train", batch_size=16, block_size=128)
     x, y = loader.next_batch()   # (B, T) int64 inputs and their next-token targets
-
-and evaluates on ValSet, the first val_tokens tokens of the val split, read in order:
-
     for x, y in ValSet("data/pydocs", block_size=128, val_tokens=10_485_760).batches(16): ...
 """
 import glob
@@ -35,14 +32,9 @@ class DataError(ValueError):
 # the shard format: the one definition that prepare_data.py writes and the loader reads
 
 class ShardFile:
-    """A shard written by appending token arrays, so a large one never has to sit in memory:
-
-        with ShardFile("data/x/x_train_000001.bin") as shard:
-            shard.write(tokens)        # as often as needed
-
-    The tokens go to path.tmp behind a blank header; on a clean exit the header gets the final count and the
-    file is renamed to path. If anything fails (a full disk, an exception in the caller) the .tmp is removed,
-    and a killed process leaves at most a .tmp: never an incomplete file under the real name."""
+    """A shard written by appending token arrays (`with ShardFile(path) as shard: shard.write(tokens)`), so a
+    large one never sits in memory. The tokens go to path.tmp behind a blank header, which gets the count, and
+    the file its real name, on a clean exit; a failure removes the .tmp: never an incomplete file at path."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
@@ -247,13 +239,12 @@ def windows(tokens, starts, T):
 class ShardLoader:
     """Batches of block_size+1-token windows from memory-mapped shards, in a seeded shuffled order.
 
-    Each shard is cut into windows at stride block_size; every epoch visits them all in a fresh seeded order
-    (random batches, as in nanoGPT, rather than reading the text in order, which makes consecutive batches
-    correlated). At every step the world_size ranks together take the next world_size*batch_size windows,
-    each rank its own batch_size of them, so ranks never see the same tokens at one step, and one process
-    with gradient accumulation sees exactly what the ranks of a DDP job see. From epoch 1 on the windows
-    start at a seeded offset in [0, block_size), so small corpora are not cut into the same blocks again.
-    (epoch, shard, pos) is the whole state, so a resumed run continues on exactly the same data."""
+    Each shard is cut into windows at stride block_size, visited every epoch in a fresh seeded order (random
+    batches, as nanoGPT's: text read in order makes consecutive batches correlated). At each step the ranks
+    take the next world_size*batch_size windows, batch_size each: ranks never share tokens, and gradient
+    accumulation in one process sees what a DDP job's ranks see. From epoch 1 on the windows start at a
+    seeded offset in [0, block_size), so a small corpus is not cut into the same blocks again.
+    (epoch, shard, pos) is the whole state: a resumed run continues on exactly the same data."""
 
     def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None,
                  seed=0):
@@ -275,8 +266,7 @@ class ShardLoader:
 
     def load_state_dict(self, state):
         """Continue from state (state_dict's, kept in a checkpoint, so checked: it may come from anywhere)."""
-        # what makes state other than what state_dict returns, in words: types, never values (a value from a
-        # hostile checkpoint could print as many lines)
+        # the message names types, never values: a hostile checkpoint's value could print as many lines
         if type(state) is not dict:
             problem = f"it is a {type(state).__name__}"
         elif sorted(state, key=str) != ["epoch", "pos", "shard"]:
@@ -330,11 +320,9 @@ class ShardLoader:
 
 
 class ValSet:
-    """The val set: the first val_tokens tokens of the val split (all of it when shorter), predicted in order
-    by block_size windows. Window i reads tokens[i*T : i*T+T+1] and predicts its last T; the last window may
-    be shorter. Nothing depends on the seed, the batch size or the number of processes: rank r takes windows
-    r, r + world_size, ..., and the sum of the per-token losses over all ranks, divided by `count`, is the val
-    loss (as modded-nanogpt's fixed val_tokens and llm.c's val loader reset to the start)."""
+    """The val set: the first val_tokens tokens of the val split (all when shorter), as block_size windows
+    tokens[i*T : i*T+T+1] (the last may be shorter); rank r takes windows r, r + world_size, ..., and the
+    per-token losses summed over all ranks, divided by `count`, are the val loss (docs/evaluation.md)."""
 
     def __init__(self, data_dir, block_size, val_tokens, rank=0, world_size=1, vocab_size=None):
         parts, wanted = [], val_tokens + 1  # +1: the first token is only read, never predicted

@@ -1,17 +1,12 @@
 """
 HellaSwag, completion style: a check that a lower loss means a better model of text, not only of the corpus.
 
-Each example is a context and 4 endings, one of them right. The model reads context + " " + ending for each
-ending; its score for an ending is the mean loss of the ending's tokens (the length-normalised loss), and it
-picks the ending with the lowest. acc_norm is the fraction of examples where that pick is right (chance:
-0.25). This is build-nanogpt's completion-style HellaSwag, by which GPT-2 124M scores 0.2955 on the 10,042 val
-examples.
+Each example is a context and 4 endings, one of them right. The model's score for an ending is the mean loss
+of its tokens after context + " " (the length-normalised loss); it picks the lowest. acc_norm is the fraction
+of right picks (chance: 0.25); GPT-2 124M scores 0.2955 on the 10,042 val examples (build-nanogpt's figure).
 
     python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
     python train.py --init_from=gpt2 --dataset=openwebtext --eval_only=True --hellaswag_interval=1
-
-train.py renders the examples once (render_all) and scores them at evaluations when hellaswag_interval asks
-(score: each rank scores its share, and the counts are summed over the ranks).
 """
 import json
 import os
@@ -30,8 +25,7 @@ HELLASWAG_EXAMPLE = "a context (ctx, a text), 4 non-empty endings (texts) and a 
 
 
 def is_hellaswag_example(example):
-    """Whether example is one that val.jsonl holds (HELLASWAG_EXAMPLE): checked where prepare_data.py writes
-    it and where it is read."""
+    """Whether example is one that val.jsonl holds (HELLASWAG_EXAMPLE), checked on writing and on reading."""
     if not isinstance(example, dict):
         return False
     endings, label = example.get("endings"), example.get("label")
@@ -41,8 +35,7 @@ def is_hellaswag_example(example):
 
 def load_examples(out_dir="data"):
     """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}.
-    The file must be a regular file of at most HELLASWAG_BYTES (a link to /dev/zero or a FIFO is refused,
-    never read) and every line such an example: else one line naming the file and the line."""
+    A file that is not regular, larger than HELLASWAG_BYTES or with a line not such an example is refused."""
     path = os.path.join(out_dir, "hellaswag", "val.jsonl")
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     if not os.path.lexists(path):
@@ -72,12 +65,8 @@ def render(example, encode, block_size):
     """An example as (rows, ending_lengths, label): 4 token rows, context + ending, each at most block_size
     (the oldest context tokens are cut), and how many of each row's last tokens are the ending's."""
     context = encode(example["ctx"])
-    rows, ending_lengths = [], []
-    for ending in example["endings"]:
-        ending = encode(" " + ending)  # the space belongs to the ending, as GPT-2's tokens start with it
-        rows.append((context + ending)[-block_size:])
-        ending_lengths.append(len(ending))
-    return rows, ending_lengths, example["label"]
+    endings = [encode(" " + e) for e in example["endings"]]  # the space is the ending's, as in GPT-2's tokens
+    return [(context + e)[-block_size:] for e in endings], [len(e) for e in endings], example["label"]
 
 
 def render_all(meta, dataset, block_size):
@@ -114,9 +103,8 @@ def ending_losses(model, tokens, mask):
 
 @torch.no_grad()
 def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcontext()):
-    """acc_norm of `model` on the rendered examples: this rank takes examples rank, rank + world_size, ... in
-    batches of batch_size examples (4·batch_size rows); with torch.distributed running, the counts are summed
-    over the ranks. The model is scored in eval mode (no dropout) and left in the mode it was in."""
+    """acc_norm of `model` on the rendered examples, the counts of each rank's share (rank, rank + world_size,
+    ...) summed; batch_size examples (4·batch_size rows) at a time, in eval mode (then back to its mode)."""
     mine, correct, training = rendered[rank::world_size], 0, model.training
     model.eval()
     for i in range(0, len(mine), batch_size):
