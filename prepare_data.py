@@ -198,7 +198,6 @@ def prepared_from(data_dir, source):
 @contextmanager
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
-    # train.py prepares pydocs into data/ without any --out_dir given: messages name the folder, not a flag
     lock_path = os.path.join(out_dir, f".{name}.lock")
     # the OS's lock (flock, LockFileEx), as rundir.lock_run_dir's: released when the process dies, even by
     # kill -9, and its file stays. Where the OS has none, filelock's marker file must be removed to release.
@@ -320,9 +319,8 @@ def hub_sizes(repo, revision, files):
     sizes = {info.path: info.size for info in infos if getattr(info, "size", None) is not None}
     missing = [file for file in files if file not in sizes]
     if len(missing) == len(files):
-        raise DataError(f"{repo} at revision {revision} has none of the files {files[0]}, ...: a "
-                        "script-only repository? `datasets` 4+ no longer runs loading scripts; pin a "
-                        "revision with the files")
+        raise DataError(f"{repo} at revision {revision} has none of the files {files[0]}, ...: a script-only "
+                        "repository (`datasets` 4+ runs no loading scripts)? pin a revision with the files")
     if missing:
         raise DataError(f"the hub has no {missing[0]} in {repo} at revision {revision}")
     return sizes
@@ -353,19 +351,18 @@ def gigabytes(n):
     return f"{n / 1e9:.1f} GB"
 
 
-_worker_enc, _worker_val_fraction = None, None  # each tokenising process's settings, set by its initializer
+_worker = {}  # each tokenising process's tokenizer and val_fraction, set by its initializer
 
 
 def _init_worker(enc, val_fraction):
-    global _worker_enc, _worker_val_fraction
-    _worker_enc, _worker_val_fraction = enc, val_fraction
+    _worker.update(enc=enc, val_fraction=val_fraction)
 
 
 def _encode_for_worker(text):
     """One document -> (its GPT-2 tokens, whether it belongs to val), in a pool process."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
-    in_val = int.from_bytes(digest, "big") / 2**64 < _worker_val_fraction
-    return np.array(encode_gpt2_document(text, _worker_enc), dtype=np.uint16), in_val
+    in_val = int.from_bytes(digest, "big") / 2**64 < _worker["val_fraction"]
+    return np.array(encode_gpt2_document(text, _worker["enc"]), dtype=np.uint16), in_val
 
 
 def parquet_columns(path, file, columns):
@@ -395,9 +392,8 @@ def is_progress(progress, source):
 
 
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, encoding=None):
-    """OpenWebText -> GPT-2 tokens, one parquet file at a time: downloaded, tokenised by num_proc processes
-    into its own train shard and its share of val, recorded as done in progress.json (a restart skips it),
-    deleted. The val shares become one val shard at the end. encoding (tiktoken) defaults to GPT-2's."""
+    """OpenWebText -> GPT-2 tokens (encoding: tiktoken's GPT-2 by default), one parquet file at a time:
+    fetched, tokenised in num_proc processes into its train shard and val share, noted in progress.json."""
     from multiprocessing import Pool
     from tqdm import tqdm
     start, name = time.time(), "openwebtext"
@@ -430,7 +426,6 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
                 continue
             path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], staging)
             tokens_before, docs = sum(d["train"] + d["val"] for d in done.values()), 0
-            # this file -> its own train shard and its share of val
             with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
                     ShardFile(val_share(i)) as val:
                 for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
@@ -459,8 +454,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
 
 
 def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
-    """Download FineWeb's val shard and its first train_shards train shards, already GPT-2 tokens in our shard
-    format. Files already complete are kept; each new one is checked before it gets its final name."""
+    """FineWeb's val shard and first train_shards train shards (GPT-2 tokens), checked; whole ones kept."""
     from tqdm import tqdm
     start, name = time.time(), "fineweb10B"
     data_dir, staging = dataset_dirs(out_dir, name)
@@ -479,8 +473,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
             os.path.getsize(final(file)) != sizes[file]]  # files already here, whole, are kept
     os.makedirs(data_dir, exist_ok=True)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} "
-          f"needs {gigabytes(sum(sizes[file] for file in todo))} "
-          f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
+          f"needs {gigabytes(sum(map(sizes.get, todo)))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
         path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], staging)
@@ -552,8 +545,7 @@ RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1),
 
 
 def prepare(corpus, out_dir="data", **options):
-    """The function behind the command line: prepare `corpus` into out_dir/NAME and return that data dir.
-    options: those of OPTIONS that the corpus takes (CORPORA)."""
+    """Prepare `corpus` (options: those CORPORA[corpus] names) as the command line does; its data dir."""
     if corpus not in CORPORA:
         raise DataError(f"unknown dataset {corpus!r}; choose one of: {', '.join(CORPORA)}")
     wrong = sorted(set(options) - CORPORA[corpus])

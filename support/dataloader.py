@@ -108,8 +108,7 @@ JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 esca
 
 
 def read_json(path):
-    """A small JSON file of a dataset (meta.json, progress.json), as what it holds. It must be a regular file
-    of at most JSON_BYTES: a link to /dev/zero or a FIFO is refused, never read until memory runs out."""
+    """The value in a dataset's JSON file (meta.json, progress.json), a regular file of at most JSON_BYTES."""
     try:
         return json.loads(read_regular(path, JSON_BYTES).decode("utf-8"))
     except ConfigError as e:
@@ -160,8 +159,7 @@ def load_meta(data_dir):
 
 
 def unigram_loss(data_dir, vocab_size):
-    """Val loss of a model that ignores context and predicts the train split's token frequencies (add-one
-    smoothed): the baseline every trained model must beat."""
+    """Val loss of predicting the train split's token frequencies (add-one smoothed): the baseline to beat."""
     train, val = (sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)  # (vocab_size,)
                       for p in find_shards(data_dir, split)) for split in ("train", "val"))
     p_train = (train + 1) / (train + 1).sum()

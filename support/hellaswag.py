@@ -93,8 +93,7 @@ def batch_tensors(rendered):
 
 @torch.no_grad()
 def ending_losses(model, tokens, mask):
-    """Each row's mean loss over its ending tokens, (rows,). Position t's logits predict token t+1, so the
-    first token of a row, which nothing predicts, never counts."""
+    """Each row's mean loss over its ending tokens, (rows,) (a row's first token is never predicted)."""
     logits = model(tokens, tokens)[0].float()  # targets: to get every position's logits; (rows, L, vocab)
     losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
     mask = mask[:, 1:]
