@@ -536,8 +536,6 @@ OPTIONS = dict(
     num_proc=None,  # (openwebtext) tokenising processes; default: half the CPUs
     train_shards=FINEWEB_TRAIN_FILES,  # (fineweb10B) how many train shards of 100M tokens to fetch, 1 to 103
 )
-
-
 RULES = {"tokenizer": one_of("char", "byte", "gpt2"), "shard_size": at_least(1), "name": nonempty,
          "input": nonempty, "num_proc": optional(int, at_least(1)),
          "val_fraction": optional(float, requires(lambda value: 0 < value < 1, "it must be between 0 and 1")),
@@ -598,8 +596,7 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         configure(OPTIONS, ["--help"], help_from=help_from)  # prints the docstring and every option; exits
     if argv[0].startswith("-"):
-        raise DataError("usage: python prepare_data.py NAME [--key=value ...], NAME one of "
-                        f"{', '.join(CORPORA)}")
+        raise DataError(f"usage: python prepare_data.py NAME [--key=value ...], NAME: {', '.join(CORPORA)}")
     options = OPTIONS
     if argv[0] in CORPORA and ("-h" in argv or "--help" in argv):  # NAME --help: the options NAME takes
         options = {k: v for k, v in OPTIONS.items() if k in CORPORA[argv[0]] | {"out_dir"}}

@@ -51,10 +51,8 @@ class ShardFile:
     def close(self):
         """Finish the shard: the real header, then the real name."""
         try:
-            header = np.zeros(HEADER_INTS, dtype="<i4")
-            header[:3] = MAGIC, VERSION, self.count
-            self.file.seek(0)
-            self.file.write(header.tobytes())
+            self.file.seek(0)  # the header's first three ints; the rest of it stays blank
+            self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
             self.file.close()  # flushes: a full disk may only show here
             os.replace(self.tmp, self.path)
         except BaseException:
