@@ -7,21 +7,16 @@ Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quote
     python bench.py --what=gpt2_step                  # GPU: a compiled GPT-2-small step, impl=triton vs sdpa
     python bench.py --what=sample --repeats=2         # CPU: sampling with generate's KV cache vs without
 
-What the tables mean:
-- ops: the demo model's training steps at each (op, impl, block_size), each measurement in a fresh process.
-  tokens/s = steps × batch_size × block_size / seconds, warm-up steps excluded. peak MiB above baseline =
-  the process's peak resident memory minus its resident memory once the model exists (AdamW's moments, made
-  at the first step, count above it; Linux only, "-" elsewhere). Of the repeats, each column keeps its best:
-  the highest tokens/s, the lowest peak. Each "× attention" divides by the attention row with the same impl
-  and block_size.
-- nanogpt: ms per training step, each contestant's best (lowest) of the interleaved repeats; "× nanoGPT"
-  divides by nanoGPT's best.
+What the tables mean (ops, nanogpt, sample: contestants take turns and each keeps its best repeat, as noise
+only ever slows a step down or adds memory):
+- ops: the demo model's training steps per (op, impl, block_size), each in a fresh process. tokens/s = steps
+  × batch_size × block_size / seconds, warm-up excluded, the highest; peak MiB above baseline = peak resident
+  memory minus resident memory once the model exists (AdamW's moments count; Linux only, "-" elsewhere), the
+  lowest. "× attention" divides by the attention row with the same impl and block_size.
+- nanogpt: ms per training step, the lowest; "× nanoGPT" divides by nanoGPT's.
 - gpt2_step: the median ms per step (triton.testing.do_bench); "× sdpa" divides by impl=sdpa's.
-
-Targets: mix ≥ 0.95× attention's tokens/s with peak memory within 5%, and memory growing linearly with
-block_size on the SDPA path; at nanoGPT's own CPU example config, our attention step ≤ 1.00× nanoGPT's time
-and mix ≤ 1.03×. Shared machines are noisy, so every comparison interleaves its contestants and keeps the
-best of several repeats: noise only ever slows a step down or adds memory.
+Targets: mix ≥ 0.95× attention's tokens/s, peak memory within 5% and linear in block_size on the SDPA path; at
+nanoGPT's CPU example config, our attention step ≤ 1.00× nanoGPT's time and mix ≤ 1.03×.
 """
 import importlib.util
 import json
@@ -41,8 +36,7 @@ except KeyboardInterrupt:
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
-    what="ops",  # ops (tokens/s and memory of each op), nanogpt (our step vs nanoGPT's), gpt2_step (GPU),
-                 # sample (generate's KV cache vs a full forward per token)
+    what="ops",  # ops (tokens/s, memory), nanogpt (vs nanoGPT's step), gpt2_step (GPU), sample (KV cache)
     ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
     impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
     block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
@@ -59,15 +53,14 @@ NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65
 
 
 def memory_mib():
-    """(resident, peak resident) MiB of this process so far, or None where they cannot be read: both as Linux
-    reports them (/proc, and getrusage in KiB), and Windows has no `resource` module."""
+    """(resident, peak resident) MiB of this process so far, as Linux reports them; None elsewhere."""
     try:
         import resource  # POSIX only
         with open("/proc/self/statm") as f:
             resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (ImportError, OSError):
         return None
-    return resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resident, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def training_step(model, opt, x, grad_clip=1.0):
@@ -98,8 +91,7 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
 
 
 def measure_in_subprocess(op, impl, block_size, batch_size, iters):
-    """measure() in a fresh process, so that its peak memory is its own. The process starts in this file's
-    directory, so that it imports this bench.py and model.py whatever the caller's directory holds."""
+    """measure() in a fresh process, so its peak memory is its own (started here, to import our model.py)."""
     args = f"{op!r}, {impl!r}, {block_size}, {batch_size}, {iters}"
     code = f"import json, bench; print(json.dumps(bench.measure({args})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
@@ -150,8 +142,7 @@ def bench_ops(cfg):
 
 
 def nanogpt_contestant(path, x):
-    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried on one
-    training step."""
+    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried once."""
     where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
     if not os.path.isfile(path) or not path.endswith(".py"):
         raise ConfigError(f"nanogpt={path!r} is not a Python file: {where}")
@@ -177,9 +168,8 @@ def nanogpt_contestant(path, x):
 
 
 def bench_nanogpt(cfg):
-    """Our training step against nanoGPT's model.py at nanoGPT's CPU example config, interleaved: every repeat
-    times `iters` steps of each contestant in turn; the table keeps each one's best repeat. Both run in this
-    process, with the memory allocator set as train.py sets it on a CPU."""
+    """Our training step against nanoGPT's at its CPU example config: every repeat times `iters` steps of each
+    in turn, in this process, with the memory allocator set as train.py sets it on a CPU."""
     kept = keep_freed_memory()
     B, T = 12, NANOGPT_CPU["block_size"]
     x = torch.randint(0, NANOGPT_CPU["vocab_size"], (B, T))
@@ -235,9 +225,8 @@ SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),  # GPT-2's voc
 
 
 def bench_sample(cfg):
-    """Greedy sampling of SAMPLE_NEW_TOKENS tokens from a one-token prompt, batch 1, op=mix: GPT.generate with
-    its KV cache against generate(use_cache=False), a full forward per token as nanoGPT's generate; both
-    sample from the same output layer, so the ratio is the cache's. Interleaved; the best repeat counts."""
+    """Greedy sampling of SAMPLE_NEW_TOKENS tokens, batch 1, op=mix: generate with its KV cache against
+    use_cache=False, a full forward per token as nanoGPT's; same output layer, so the ratio is the cache's."""
     prompt = torch.zeros((1, 1), dtype=torch.long)
     n, rows = SAMPLE_NEW_TOKENS, {}
     for name, shape in SAMPLE_MODELS.items():

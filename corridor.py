@@ -4,12 +4,10 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
     python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
     python corridor.py docs/corridor_runs.csv    # every statistic again, from the table --csv wrote
 
-Each head applies δ(γI + P) to its values; the paper's claim is that most heads beyond the first layer learn
-γ ∈ (−1, 0), the "convex corridor". Per run this prints the losses and where γ and δ ended; over runs, a table
-by val loss and, for runs that differ only in seed, paired statistics against attention (see compare). It
-writes PNG figures, drawn by support/figures.py (with fixed-γ runs, corridor_curve.png: val loss against γ
-with δ = 1), and with --csv one row per run. A run directory is what train.py writes: config.json and
-log.jsonl (see load_run). Variants are chosen on seeds below 100, judged again on seeds 100+ (CONFIRMATION).
+Each head applies δ(γI + P) to its values; the paper claims most heads beyond layer 1 learn γ ∈ (−1, 0), the
+"convex corridor". Prints each run's losses and final γ and δ, then for runs that differ only in seed, paired
+statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+). Writes PNG
+figures (with fixed-γ runs, corridor_curve.png: val loss against γ, δ = 1) and with --csv one row per run.
 """
 import csv
 import io
@@ -29,15 +27,14 @@ try:  # Ctrl-C while the libraries load gets one line too
 except KeyboardInterrupt:
     sys.exit("interrupted while starting: nothing was written; run the same command again")
 
-# ops whose per-head (γ, δ) are not learned: at their defaults they have no parameters
+# ops whose (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
 CONTROLS = all_controls()  # train.py's op controls and their defaults (a label lists the changed ones)
 # config keys that do not change the experiment: runs differing only in these are repeats (seeds)
 NOT_EXPERIMENT = ("seed", "out_dir", "device", "compile")
 BASELINE_OP = "attention"  # every setting is compared with the runs of this op (γ = 0, δ = 1)
-# A variant chosen as best on some seeds looks better on them than it is (the winner's curse: part of what
-# made it win is those seeds' noise). So choices are made on seeds below 100, and a chosen variant is judged
-# again on seeds in CONFIRMATION, on which nothing was chosen: their runs form groups of their own.
+# A variant chosen on some seeds looks better on them than it is (the winner's curse: their noise helped it
+# win), so it is judged again on seeds in CONFIRMATION, on which nothing was chosen: groups of their own.
 CONFIRMATION = range(100, 200)
 # what belongs to the op: attention has no scalars, so its runs are the baseline whatever these say
 OP_SETTINGS = ("op", "op_lr_scale", *CONTROLS)
@@ -54,8 +51,8 @@ def is_number(value):
 
 
 def load_run(path):
-    """Read config.json and log.jsonl of one run directory. A user may hand us an edited, truncated or foreign
-    one: then raise ValueError with one line that says what is wrong, and where."""
+    """Read config.json and log.jsonl of one run directory; for an edited, truncated or foreign one, raise
+    ValueError with one line saying what is wrong, and where."""
     if not os.path.exists(path):
         raise ValueError(f"{path}: does not exist")
     if not os.path.isdir(path):
@@ -171,15 +168,13 @@ def summarize(run):
 
 # -----------------------------------------------------------------------------
 # Comparing runs: seed groups, their attention baselines and the paired statistics
-# Runs of one seed share their initial weights and data order, so each run is compared with the attention
-# run of the same seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be
-# 0: with n differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of
-# freedom: the one-sample t-test of the differences (scipy's ttest_rel(a, b) is this test on a − b).
+# Runs of one seed share initial weights and data order, so each run is paired with the attention run of its
+# seed: d_i = val_i − val_attention_i. The paired t-test asks whether their mean could be 0: with n
+# differences, mean m and sample std s, t = m / (s/√n) follows Student's t with n − 1 degrees of freedom.
 
 def paired_stats(diffs, level=0.95):
-    """Mean paired difference, its t confidence interval, the paired t-test p and the exact sign test.
-    None marks what the data cannot define: every t statistic needs n ≥ 2 and a non-zero spread (with zero
-    spread t = m/0, and a zero-width interval would claim certainty that two or more seeds cannot give)."""
+    """Mean paired difference, its t confidence interval, the paired t-test p and the exact sign test; None
+    where the data cannot define it: t needs n ≥ 2 and a non-zero spread (else t = m/0, a zero-width CI)."""
     d = np.array(diffs, dtype=float)
     out = {"n_pairs": len(d), "paired_mean": None, "paired_std": None, "ci": None, "t": None, "p_t": None,
            "k_lower": int((d < 0).sum()), "p_sign": None}
@@ -217,8 +212,8 @@ def experiment(config):
 
 
 def baseline_key(config):
-    """What a run's attention baseline must share with it: the experiment except the op and its controls.
-    So 3600-iteration runs are compared with 3600-iteration attention runs, never with 1200-iteration ones."""
+    """What a run's attention baseline must share with it: the experiment but the op and its controls (so
+    3600-iteration runs are compared with 3600-iteration attention runs)."""
     return json.dumps({k: v for k, v in experiment(config).items() if k not in OP_SETTINGS}, sort_keys=True)
 
 
@@ -229,9 +224,8 @@ def differing_keys(configs):
 
 
 def compare(runs):
-    """Table rows sorted by final val loss, and seed groups (runs whose configs differ only in seed) with
-    their paired statistics: each run minus the attention run of the same config apart from op and controls,
-    and the same seed (same initial weights and data order), where both ended at the same iteration."""
+    """Table rows sorted by final val loss, and seed groups (runs differing only in seed) with their paired
+    statistics against the attention run of the same baseline_key and seed, ended at the same iteration."""
     sums = [summarize(r) for r in runs]
     groups, attention, seen = {}, {}, {}  # experiment -> its runs; baseline -> {seed: attention run}
     for run, s in zip(runs, sums):
@@ -279,24 +273,22 @@ def compare(runs):
                     "layer_gamma": layer_gamma.mean(axis=0).tolist(),
                     "layer_gamma_std": [sample_std(g) for g in layer_gamma.T],
                     "paired": paired, "paired_seeds": [m["seed"] for m, _ in pairs], **paired_stats(paired)})
-    # the short name to print: the setting's directory name without _s<seed> (its config file's name), where
-    # all its runs share one and no other group has it; otherwise the label made from its config
+    # the name to print: the runs' directory name without _s<seed>, if theirs alone; else the label
     names = [({setting_name(n) for n in g["names"]}, g["confirmation"]) for g in out]
     for g, (own, confirmation) in zip(out, names):
         unique = len(own) == 1 and sum(own <= other for other, c in names if c == confirmation) == 1
         name = next(iter(own)) if unique else g["label"]
         g["setting"] = name + (" (confirmation)" if confirmation else "")
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
-    baselines = [g for g in out if g["is_baseline"]]
-    block = {key: min([g["val_mean"] for g in baselines if g["baseline_key"] == key], default=math.inf)
-             for key in {g["baseline_key"] for g in out}}
+    block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key],
+                      default=math.inf) for key in {g["baseline_key"] for g in out}}
     return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
                                                                 math.isnan(g["val_mean"]), g["val_mean"]))}
 
 
 def confirmations(groups):
-    """Each variant rerun on the CONFIRMATION seeds: its paired statistics against attention on the seeds it
-    was chosen on (selection), on the new ones (confirmation), and on both (pooled)."""
+    """Each variant rerun on CONFIRMATION seeds: its paired statistics on the seeds it was chosen on
+    (selection), on the new ones (confirmation), and on both (pooled)."""
     chosen = {g["experiment"]: g for g in groups if not g["confirmation"]}
     return [{"setting": chosen[g["experiment"]]["setting"], "selection": chosen[g["experiment"]],
              "confirmation": g, "pooled": paired_stats(chosen[g["experiment"]]["paired"] + g["paired"])}
@@ -315,8 +307,8 @@ def x_axis(runs):
 
 
 def val_loss_lines(runs, groups, max_lines=10):
-    """The lines of val_loss.png as (label, {tokens or iter: val loss}), the x key and the title: one line
-    per run, or beyond max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
+    """val_loss.png's lines (label, {x: val loss}), x key and title: one per run, or beyond max_lines runs,
+    one per setting, the mean over its seeds at the evals they all have."""
     step = x_axis(runs)
     curve = {run["path"]: {r[step]: r["val_loss"] for r in run["evals"]} for run in runs}
     if len(runs) <= max_lines:
@@ -332,10 +324,9 @@ def val_loss_lines(runs, groups, max_lines=10):
 
 
 def curve_data(groups):
-    """What corridor_curve.png shows, from compare()'s groups. curves: one per attention baseline (usually
-    one), the fixed-γ settings (δ = 1) at x = their γ, y = the mean paired difference to attention with its
-    95% CI (NaN where undefined), and attention at (0, 0). learned: for each setting of LEARNED_OP with
-    default controls, its mean final γ per layer (± seed std). Every label says how many seeds it holds."""
+    """What corridor_curve.png shows. curves: per attention baseline, the fixed-γ settings at x = γ, y = mean
+    paired difference with its 95% CI (NaN where undefined), attention at (0, 0). learned: per LEARNED_OP
+    setting with default controls, its mean final γ per layer (± seed std). Labels give the seeds."""
     by_baseline = {}
     for g in groups:  # the fixed-γ settings with attention runs to pair them with
         if g["paired"] and all(g["config"].get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()):
@@ -430,8 +421,8 @@ def paired_cell(s):
 
 
 def report(runs, each=True):
-    """Print the per-run summaries and the table of runs (each=True); given seeds of one setting, the seed
-    groups with their legend, then where the learned groups' γ ended, layer by layer."""
+    """Print each run's summary and the table of runs (if each), then the seed groups, the confirmations
+    and where the learned groups' γ ended, layer by layer."""
     for run in runs if each else []:
         s = summarize(run)
         print(f"== {s['name']}  ({s['label']})")
@@ -499,19 +490,17 @@ def report(runs, each=True):
 CSV_CONFIG = ("op", "n_layer", "n_head", "n_embd", "op_lr_scale", "gamma_init", "learn_gamma", "learn_delta",
               "gamma_min")
 CSV_COLUMNS = ("setting", "seed", *CSV_CONFIG, "iters", "val_loss", "val_bpb", "final_gamma", "commit")
-# the cells of text from folder names, config.json and logs that someone else may have made: one that starts
-# like a formula a spreadsheet would evaluate is written after a ' (CWE-1236), as is one that starts with '
-# (so load_csv takes exactly one off); cells made from numbers (-0.0164, γ lists) are written as they are
+# text cells someone else may have made that start like a spreadsheet formula get a ' first (CWE-1236), as do
+# those starting with ' (load_csv takes exactly one off); cells made from numbers are written as they are
 CSV_TEXT = ("setting", "seed", "op", "commit")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"  # what to do
 
 
 def write_csv(runs, path):
-    """One row per run, sorted by setting, seed (a missing one, "", apart) and length: config values as JSON
-    (true, null, 0.5), the final eval's losses at full precision, its per-head γ as heads separated by spaces
-    and layers by ';' (6 significant digits keep the sign), and the commit of the log's first "start" record
-    ('unknown' for older logs or no git). Text that a spreadsheet would take for a formula gets a ' first."""
+    """One row per run, sorted by setting, seed and length: config values as JSON, the final eval's losses at
+    full precision, its γ with heads separated by spaces and layers by ';' (6 significant digits), and the
+    commit of the log's "start" record ('unknown' for older logs or no git)."""
     rows = []
     for run in runs:
         cfg, last = run["config"], run["evals"][-1]
@@ -540,8 +529,7 @@ def load_csv(path):
     """The runs of a CSV that write_csv wrote, as load_run's dicts whose log is the final eval: all that the
     comparison needs, so every statistic recomputes from the table alone."""
     try:
-        # utf-8-sig: a spreadsheet may save the table with a byte-order mark first
-        text = read_regular(path, 64 << 20).decode("utf-8-sig")
+        text = read_regular(path, 64 << 20).decode("utf-8-sig")  # a spreadsheet may put a byte-order mark
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     reader = csv.DictReader(io.StringIO(text))

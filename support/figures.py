@@ -1,10 +1,6 @@
 """
-figures.py: the PNG figures corridor.py writes, drawn with matplotlib from the numbers corridor.py computes.
-
-    python corridor.py out/mix_s0 out/attention_s0 [--out=DIR]   # writes them into DIR (default out/mix_s0)
-
-Nothing here decides what a figure shows: corridor.py computes it (val_loss_lines, curve_data) and this file
-only draws it. corridor.py imports this file when it draws, so matplotlib stays optional.
+figures.py: the PNG figures corridor.py writes. corridor.py decides what each shows (val_loss_lines,
+curve_data) and this file only draws it; corridor.py imports it only to draw, so matplotlib stays optional.
 """
 import math
 
