@@ -526,8 +526,7 @@ def write_csv(runs, path):
 
 
 def load_csv(path):
-    """The runs of a CSV that write_csv wrote, as load_run's dicts whose log is the final eval: all that the
-    comparison needs, so every statistic recomputes from the table alone."""
+    """The runs of a table write_csv wrote, as load_run's dicts whose log is the final eval."""
     try:
         text = read_regular(path, 64 << 20).decode("utf-8-sig")  # a spreadsheet may put a byte-order mark
     except UnicodeDecodeError as e:
