@@ -33,8 +33,8 @@ class DataError(ValueError):
 
 class ShardFile:
     """A shard written by appending token arrays (`with ShardFile(path) as shard: shard.write(tokens)`), so a
-    large one never sits in memory. The tokens go to path.tmp behind a blank header, which gets the count, and
-    the file its real name, on a clean exit; a failure removes the .tmp: never an incomplete file at path."""
+    large one never sits in memory. The tokens go to path.tmp behind a blank header; a clean exit writes the
+    count and renames it to path, a failure removes it: never an incomplete file under the real name."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0

@@ -1,8 +1,8 @@
 """
 HellaSwag, completion style: a check that a lower loss means a better model of text, not only of the corpus.
 
-Each example is a context and 4 endings, one of them right. The model's score for an ending is the mean loss
-of its tokens after context + " " (the length-normalised loss); it picks the lowest. acc_norm is the fraction
+Each example is a context and 4 endings, one of them right. The model reads context + " " + ending, scores
+each ending by the mean loss of its tokens (length-normalised) and picks the lowest. acc_norm is the fraction
 of right picks (chance: 0.25); GPT-2 124M scores 0.2955 on the 10,042 val examples (build-nanogpt's figure).
 
     python prepare_data.py hellaswag                              # fetch the val set once (needs internet)
