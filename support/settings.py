@@ -1,7 +1,6 @@
 """
-train.py's settings beyond their defaults: the rule each value must pass, the settings that only make sense
-together, what a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained
-model fixes. train.py calls each once, at its edges; every refusal is one line that says what to do.
+train.py's settings beyond their defaults: each value's rule, the settings that only make sense together, what
+a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained model fixes.
 """
 import importlib.util
 import os
@@ -59,9 +58,8 @@ def check_schedule(cfg, world_size):
 
 
 def resume_from_checkpoint(cfg, given, train_defaults):
-    """(ckpt, changed): the checkpoint in out_dir when this run continues it (init_from=resume) or evaluates
-    it (eval_only with no other model), else None. A resumed run keeps its settings, checked again by the
-    rules, and how it began, except the settings given now: those are changed, and said in changed."""
+    """(ckpt, changed): the checkpoint in out_dir when this run continues (init_from=resume) or evaluates it
+    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed."""
     if not (cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")):
         return None, []
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
