@@ -1,18 +1,12 @@
 """
-hardware.py: the machine a run uses and the processes on it, apart from the model.
-
-- `ddp_env()`: this process's place in a DDP run, from the environment torchrun sets;
-- `pick_device_and_dtype(cfg, local_rank)` and `start_process(cfg, rank, local_rank, world_size)`: the
-  device, its dtype and autocast context, and the DDP group (`join_group`: a process that never starts is
-  named after DDP_START_WAIT seconds);
-- `peak_flops(device)`: the dense bf16 peak FLOP/s of the GPU in use, which `GPT.estimate_mfu` divides by;
-- `keep_freed_memory()`: a process setting for training on a CPU (glibc's allocator, through ctypes).
+hardware.py: the machine a run uses and the processes on it, apart from the model: this process's place in a
+DDP run, its device, dtype and autocast context, the DDP group, the GPU's peak FLOP/s, and CPU memory.
 """
 import ctypes
 import os
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from datetime import timedelta
 
 import torch
@@ -49,9 +43,8 @@ def ddp_env():
 
 
 def exit_status(e):
-    """What sys.exit gets as this process stops on e: its one line, which names its rank under torchrun. Every
-    failing process says why: a setting read differently on one rank, or a file damaged on one node, fails
-    there alone, and a silent rank would leave only torchrun's summary."""
+    """What sys.exit gets as this process stops on e: its one line, naming its rank under torchrun, so that a
+    rank failing alone (a file damaged on one node, say) says why, not only torchrun's summary."""
     rank = os.environ.get("RANK", "0")
     return f"error: {e}" if rank == "0" else f"error: rank {rank}: {e}"
 
@@ -97,17 +90,18 @@ def pick_device_and_dtype(cfg, local_rank):
 
 
 def join_group(backend, rank, world_size):
-    """init_process_group, with a bounded start. Every process first checks in at rank 0's store (torchrun's
-    own under torchrun); one that has not started after DDP_START_WAIT seconds is named, where torch alone
-    would wait 30 minutes without a word (a node that failed to start). Collectives keep torch's timeout.
-    Waits are polled here: torch's own time-outs print C++ stack traces before they raise."""
+    """init_process_group, with a bounded start: every process checks in at rank 0's store (torchrun's own
+    under torchrun), and one not started after DDP_START_WAIT seconds is named, where torch would wait 30
+    minutes in silence. Collectives keep torch's timeout. We poll: torch's time-outs print C++ traces."""
     from torch.distributed import PrefixStore, TCPStore, init_process_group
     from torch.distributed.constants import default_pg_timeout
     wait = int(os.environ.get("DDP_START_WAIT", "300"))
     deadline = time.monotonic() + wait
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
     hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    while not hosts_store and not listening(host, port):
+    while not hosts_store:
+        with suppress(OSError), socket.create_connection((host, port), timeout=1):
+            break  # rank 0's store listens
         if time.monotonic() > deadline:
             raise ConfigError(f"rank 0 did not start within {wait} s: nothing listens at MASTER_ADDR={host}, "
                               f"MASTER_PORT={port}; start it there, or check the address")
@@ -134,14 +128,6 @@ def join_group(backend, rank, world_size):
                           "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)") from None
 
 
-def listening(host, port):
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def start_process(cfg, rank, local_rank, world_size):
     """The device, its dtype and autocast context; the DDP group when torchrun started us; the seed."""
     dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
@@ -153,9 +139,7 @@ def start_process(cfg, rank, local_rank, world_size):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if device_type == "cpu":
         keep_freed_memory()  # fewer page faults per step
-    ctx = nullcontext()
-    if dt != "float32":
-        ctx = torch.autocast(device_type, dtype=getattr(torch, dt))
+    ctx = nullcontext() if dt == "float32" else torch.autocast(device_type, dtype=getattr(torch, dt))
     return dev, device_type, dt, ctx
 
 
@@ -180,9 +164,8 @@ def peak_flops(device):
 
 
 def keep_freed_memory():
-    """Training on a CPU: let glibc keep the memory a step frees for the next step (process-wide, from now
-    on). By default it hands large freed blocks back to the OS and page-faults them in again: at nanoGPT's CPU
-    size, 500-1800 faults and 1-3 ms of kernel time per 35 ms step. False where the C library is not glibc."""
+    """Training on a CPU: let glibc keep the memory a step frees for the next, not page-fault it in again each
+    step (docs/benchmarks.md; process-wide, from now on). False where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError, TypeError):
