@@ -3,14 +3,11 @@ The configurator: nanoGPT's way of setting things, with every value checked wher
 
     python train.py config/train_demo.py --op=attention --max_iters=500
 
-Settings start at a script's defaults. Each config file (Python that assigns names) overrides them, then each
---key=value argument does (the value is read as a Python literal, else taken as text). Each setting is checked
-once, here: an unknown key gets a "did you mean", a value of the wrong type or outside its range gets one line
-that names the key and says what is allowed. Scripts then read settings as attributes: cfg.learning_rate.
+Settings start at a script's defaults; config files (Python that assigns names), then --key=value arguments
+(a Python literal, else text) override them. Each setting is checked once, here: an unknown key gets a "did
+you mean", a bad value one line that names the key and says what is allowed. Scripts read cfg.learning_rate.
 --help prints the script's docstring, then every setting with its default and the comment beside it.
-
-It also holds open_regular, the one way every script opens a file it parses or writes (a config file, a
-dataset's files, a run directory's): regular files only, never through a link.
+It also holds open_regular, the one way every script opens a file it parses or writes.
 """
 import difflib
 import errno
@@ -70,8 +67,7 @@ def nonempty(key, value):
 
 
 def optional(kind, rule=None):
-    """None, or a value of type kind (that passes rule), whatever the default (sample.py's top_k=200 may be
-    None: all tokens)."""
+    """None, or a value of type kind (that passes rule), whatever the default (sample.py's top_k=None)."""
     def check(key, value):
         if value is None:
             return None
@@ -112,9 +108,7 @@ def parse_value(text, default):
         value = literal_eval(text)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return text  # a bare word (--op=mix), or not a value: {[1]: 2}, or nested too deep
-    if isinstance(default, str) and not isinstance(value, str):
-        return text  # --out_dir=2024 is text
-    return value
+    return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024: text
 
 
 def configure(defaults, argv, rules=None, files=True, help_from=()):
@@ -202,13 +196,10 @@ def read_config_file(path):
 
 
 # -----------------------------------------------------------------------------
-# files we read or write: regular files only, never through a symbolic link
-#
-# A folder someone hands us (a dataset, a run directory) may hold a link to /dev/zero, which reads forever, a
-# FIFO, which blocks forever, or a link to a file of theirs or ours, which a write would overwrite. So every
-# file we parse or write is opened here: the open does not follow a final symbolic link (O_NOFOLLOW) nor wait
-# on a FIFO (O_NONBLOCK), and what it opened must be a regular file. The folders on the way are followed: they
-# are the ones the user named (data/ or a run directory may well live on another disk).
+# Every file we parse or write is opened here. A folder someone hands us (a dataset, a run directory) may hold
+# a link to /dev/zero (reads forever), a FIFO (blocks forever) or a link to a file a write would overwrite: so
+# the open follows no final symbolic link (O_NOFOLLOW), waits on no FIFO (O_NONBLOCK), and must find a regular
+# file. Folders on the way are followed: the user named them (data/ may well live on another disk).
 
 SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
@@ -231,9 +222,8 @@ def refuse_unless_regular(path):
 
 
 def open_regular(path, mode="rb", encoding=None):
-    """open(path, mode) for a regular file only: mode "rb" reads, "ab+" reads and appends (creating the file),
-    "wb" creates it anew (a stale file of that name, a temporary an interrupted run left, is removed first).
-    A symbolic link, a folder, a FIFO or a device is refused with one line. encoding gives a text file."""
+    """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb" reads, "ab+"
+    reads and appends, creating it, "wb" creates it anew (removing a stale one); encoding: a text file."""
     if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
         os.remove(path)  # removes a link itself, never what it points to
     try:
