@@ -2,18 +2,14 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings that ran
-    log.jsonl     one JSON record per line: start (commit, versions), train (loss, gradient norm, lr,
-                  speed), eval (losses, bits per byte, HellaSwag when scored, every head's γ and δ), done
+    log.jsonl     one JSON record per line: start, train, eval (README.md says what each holds), done
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
-train.py claims a directory and starts its log (start_run_dir), saves checkpoints (save_checkpoint) and loads
-them (load_checkpoint, model_from_checkpoint, load_optimizer_state), each checked before use.
-
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
-one. A run directory may have been handed to us by someone else: nothing here follows a symbolic link or
-opens a FIFO or device where it reads or writes, and a checkpoint is checked against the model before use.
+one. A run directory may come from someone else: nothing here follows a symbolic link or opens a FIFO or
+device, and a checkpoint is checked against the model before use.
 """
 import contextlib
 import json
@@ -38,11 +34,9 @@ _held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor])
 
 
 def lock_run_dir(out):
-    """Lock out/lock while this process writes the run: a second writer is refused, told which process holds
-    it (the file's first line). filelock.FileLock is the operating system's lock: flock on Linux and macOS,
-    LockFileEx on Windows. The OS releases it when the process ends, even by kill -9, so a stale lock never
-    blocks the next run. Where there is no OS lock, FileLock is a marker file that names its process on the
-    first line, and filelock takes it over once that process is gone."""
+    """Lock out/lock while this process writes the run; a second writer is refused, told which process holds
+    it (the file's first line). The OS lock (flock, LockFileEx) goes with its process, even on kill -9; where
+    there is none, filelock's marker file names its process and is taken over once that one is gone."""
     key = os.path.realpath(out)
     if key in _held:  # already ours (several runs in one process, as in the tests)
         return
@@ -54,10 +48,9 @@ def lock_run_dir(out):
     try:
         lock.acquire()
     except filelock.Timeout:
-        holder = "?"  # the process id on the lock file's first line
-        with contextlib.suppress(OSError):  # on Windows the holder's lock keeps others from reading the file
-            with open(path, encoding="utf-8", errors="replace") as f:
-                holder = f.readline().strip() or "?"
+        holder = "?"  # on Windows the holder's lock keeps others from reading the file
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+            holder = f.readline().strip() or "?"
         raise ConfigError(f"{out} is in use by another run (process {holder}); wait for it to "
                           "finish or choose another --out_dir") from None
     for fd in fds:  # write through the lock's descriptor: on Windows the lock keeps other handles out
@@ -78,15 +71,9 @@ def unlock_run_dir(out):
     lock.release()
 
 
-# -----------------------------------------------------------------------------
-# Regular files only: a link in a directory someone handed us must never lead a write (or a read) elsewhere
-
-
 def atomic_write(path, write):
-    """write(f) into a new temporary file beside path (f: a binary file object), then rename it over path: a
-    crash or a full disk never leaves a broken file under the real name. The temporary gets a fresh random
-    name and is created exclusively (O_EXCL fails on anything already there, a link included); path itself,
-    if there, must be a regular file."""
+    """write(f) (f: a binary file) into a fresh temporary beside path, created with O_EXCL (it fails on
+    anything there, a link included), then rename it over path, which must be a regular file if there."""
     refuse_unless_regular(path)
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")  # a name no one else has
@@ -115,10 +102,9 @@ def is_temporary(name):
 
 def check_run_dir(out_dir, resuming):
     """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
-    RUN_FILES, as regular files, and its log before its config: so in a new run's directory anything else, a
-    config.json without a log.jsonl, or a lock that names no process, is someone else's (a Hugging Face model
-    folder, say). A resumed run's directory holds a checkpoint that passed its checks: other files there (the
-    figures corridor.py writes) are left alone."""
+    RUN_FILES, as regular files, and its log before its config: in a new run's directory anything else, a
+    config.json without a log.jsonl, or a lock that names no process is someone else's (a Hugging Face model
+    folder, say). A resumed run's other files (corridor.py's figures) are left alone."""
     for name in RUN_FILES:
         refuse_unless_regular(os.path.join(out_dir, name))
     lock = os.path.join(out_dir, "lock")  # the one file written in place, never replaced: the run's alone
@@ -135,9 +121,8 @@ def check_run_dir(out_dir, resuming):
         if marker and not marker.splitlines()[0].strip().isdigit():  # a run's lock starts with its process id
             foreign.append("lock")
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise ConfigError(f"out_dir={out_dir!r} holds files that no run wrote ({shown}); a run writes only "
-                          "into a new or empty directory or its own: choose another --out_dir")
+        raise ConfigError(f"out_dir={out_dir!r} holds files that no run wrote ({few(foreign)}); a run writes "
+                          "only into a new or empty directory or its own: choose another --out_dir")
 
 
 def claim_run_dir(out_dir, resuming):
@@ -161,10 +146,8 @@ def claim_run_dir(out_dir, resuming):
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that records one (an
-    evaluation after iteration 0 saved one) or that this code cannot read. A run stopped before its first
-    checkpoint has logged only its start, training steps and the evaluation at iteration 0: there is nothing
-    to resume, and starting again there loses nothing."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that records more
+    than a start, training steps and the evaluation at iteration 0 (nothing to resume), or is unreadable."""
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
@@ -196,10 +179,9 @@ CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": 
 
 
 def check_zip(f, path):
-    """torch.save writes a zip archive of stored (uncompressed) records, so loading one takes no more memory
-    than the file's size. Refuse anything else before torch.load reads it: records that declare more bytes
-    than the whole file are compressed (0.7 MB can inflate to 512 MiB), and torch's older, pre-zip format
-    allocates whatever sizes its pickle declares."""
+    """Refuse, before torch.load reads it, anything but the zip of stored records torch.save writes: records
+    declaring more bytes than the file are compressed (0.7 MB can inflate to 512 MiB), and torch's older,
+    pre-zip format allocates whatever sizes its pickle declares."""
     try:
         declared = sum(info.file_size for info in zipfile.ZipFile(f).infolist())
     except Exception as e:  # zipfile.BadZipFile, and whatever a mangled directory raises
@@ -257,13 +239,10 @@ class SkipInit(torch.overrides.TorchFunctionMode):
 
 
 def model_from_checkpoint(ckpt, **changes):
-    """The GPT a checkpoint holds (changes: settings that are not part of the weights, like dropout), checked
-    before anything uses it; train.py and sample.py both load through here. GPTConfig checks the settings;
-    the weights must then be exactly the model's: every name, each tensor's shape, a floating dtype, finite
-    values.
-    The shapes are read from a model built on the meta device, which holds shapes but no data, so settings far
-    beyond the weights (a block_size of 10¹²) cost nothing. n_layer is the one setting whose cost is Python
-    objects, not tensors: it must match the layers the weights have before any model is built."""
+    """The GPT a checkpoint holds (changes: settings that are not weights, like dropout), checked before use:
+    GPTConfig checks the settings, then the weights must be exactly the model's (every name, each shape, a
+    floating dtype, finite values). Shapes come from a model on the meta device, so a block_size of 10¹²
+    costs nothing; n_layer costs Python objects: it must match the weights' layers before a model is built."""
     weights = ckpt["model"]
     try:
         config = GPTConfig(**{**ckpt["model_args"], **changes})
@@ -309,10 +288,8 @@ def adamw_entry_fits(entry, param, iter_num):
 
 
 def load_optimizer_state(optimizer, ckpt):
-    """Restore AdamW's moments from a checkpoint, each entry checked first against its parameter (a moment of
-    the wrong shape crashes the fused optimizer). The param groups keep the settings optimizer was built with
-    (weight decay, betas, lr_scale): this run's, given now or kept from the checkpoint, and in config.json.
-    load_state_dict alone would bring back the saved groups' settings and drop the ones given on resume."""
+    """Restore AdamW's moments, each checked first (a wrong shape crashes the fused optimizer); the param
+    groups keep this run's settings (weight decay, betas, lr_scale), not the saved ones."""
     saved, built = ckpt["optimizer"], optimizer.state_dict()
     state, groups = saved.get("state"), saved.get("param_groups")
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -339,35 +316,31 @@ def trim_log(path, iter_num):
     for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            before = record["iter"] <= iter_num and record["event"] != "done"
+            if record["iter"] <= iter_num and record["event"] != "done":
+                keep.append(line.rstrip(b"\n") + b"\n")
         except (ValueError, TypeError, KeyError, RecursionError):  # not JSON or UTF-8, too deep, not a record
             if n == len(lines):
                 break  # a line cut off by a crash
             raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "
                               "remove that line, then resume") from None
-        if before:
-            keep.append(line.rstrip(b"\n") + b"\n")
     atomic_write(path, lambda f: f.write(b"".join(keep)))
 
 
 def git_commit():
     """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
     try:
-        sha = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        sha, dirty = [subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+                      for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])]
     except (OSError, subprocess.SubprocessError):  # no git here, or one that hangs
         return None
     if sha.returncode != 0:  # not in a git repository
         return None
-    return sha.stdout.strip() + ("+" if dirty else "")
+    return sha.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 class RunLog:
-    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line. A resumed
-    run first drops what was logged after its checkpoint (see trim_log) and appends from there."""
+    """log.jsonl, one record per line, flushed at once: a killed run loses at most its last line."""
 
     def __init__(self, out_dir, resume_iter=None, wandb_run=None):
         path = os.path.join(out_dir, "log.jsonl")
@@ -397,9 +370,8 @@ class RunLog:
 # this process's part of a run, as train.py's loop sees it, and what it writes into the run directory
 
 class Run:
-    """The settings, this process's place among the DDP processes (local_rank: None outside torchrun), its
-    device, dtype and autocast context, and its output: say prints on the master; log writes log.jsonl once
-    start_run_dir has opened it."""
+    """This process's settings, place among the DDP processes (local_rank: None outside torchrun), device,
+    dtype and autocast context; say prints on the master, log writes log.jsonl (opened by start_run_dir)."""
 
     def __init__(self, cfg, rank, world_size, local_rank, dev, device_type, dtype, ctx):
         self.cfg, self.rank, self.world_size, self.local_rank = cfg, rank, world_size, local_rank
