@@ -102,9 +102,8 @@ def is_temporary(name):
 
 def check_run_dir(out_dir, resuming):
     """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
-    RUN_FILES, as regular files, and its log before its config: in a new run's directory anything else, a
-    config.json without a log.jsonl, or a lock that names no process is someone else's (a Hugging Face model
-    folder, say). A resumed run's other files (corridor.py's figures) are left alone."""
+    RUN_FILES, as regular files, its log before its config: for a new run, anything else, a config.json
+    without a log.jsonl or a lock naming no process is someone else's; a resumed run's are left alone."""
     for name in RUN_FILES:
         refuse_unless_regular(os.path.join(out_dir, name))
     lock = os.path.join(out_dir, "lock")  # the one file written in place, never replaced: the run's alone
