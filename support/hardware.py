@@ -7,7 +7,6 @@ import os
 import socket
 import time
 from contextlib import nullcontext, suppress
-from datetime import timedelta
 
 import torch
 
