@@ -328,14 +328,16 @@ def trim_log(path, iter_num):
 def git_commit():
     """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
     try:
-        sha, dirty = [subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
-                      for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])]
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.SubprocessError):  # no git here, or one that hangs
         return None
     if sha.returncode != 0:  # not in a git repository
         return None
-    return sha.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+    return sha.stdout.strip() + ("+" if dirty else "")
 
 
 class RunLog:
