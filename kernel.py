@@ -6,17 +6,12 @@ Fused causal "mix attention" in Triton: for every head h,
 computed flash-attention style, without ever storing the T×T matrix P; the forward adds the a·v term while
 writing the output tile. The backward is flash-attention-2: recompute P tile by tile from the saved logsumexp.
 
-    out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
+    out = mix_attention(q, k, v, a, b, configs)   # q, k, v: (B, H, T, D), any strides; a, b: (H,)
 
-On a GPU the launch configs are the caller's: the model takes them from support/kernel_check.py, which checks
-every candidate against float64 on the device at first use and times it against SDPA (impl='auto' uses the
-kernel only where it is correct and faster). This file imports only torch and triton.
-
-Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads.
-Like SDPA's flash backward, dq is summed with fp32 atomics: on a GPU its last bits vary from run to run.
-
-    python -m support.kernel_check   # pass/fail (exit status): on a GPU, every check it lists;
-                                     # on a CPU, the float64 checks in the Triton interpreter
+On a GPU the caller passes the launch configs: support/kernel_check.py checks each against float64 there and
+times it against SDPA. Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model
+re-assembles the heads. Like SDPA's flash backward, dq is summed with fp32 atomics: its last bits vary.
+This file imports only torch and triton; its checks: python -m support.kernel_check
 """
 import contextlib
 import itertools
@@ -106,13 +101,11 @@ def _fwd_kernel(Q, K, V, A, Bc, Out, PV, LSE, T, H, stride_b, stride_h, stride_t
 
 # Backward. With out = a·v + b·PV and dout the gradient of out, the gradient reaching PV is b·dout, so
 #   dv = a·dout + b·Pᵀ·dout,   da = Σ dout∘v,   db = Σ dout∘PV,
-# and for the scores s = q·kᵀ/√D (flash-attention-2): dP = b·dout·vᵀ, dS = P∘(dP - Δ) with the
-# row sums
+# and for the scores s = q·kᵀ/√D (flash-attention-2): dP = b·dout·vᵀ, dS = P∘(dP - Δ), row sums
 #   Δ_i = Σ_j P_ij·dP_ij = b·rowsum(dout∘PV)_i,   then  dq = dS·k/√D,  dk = dSᵀ·q/√D.
 # Δ, da and db are O(T·D): a small kernel computes them first. The main kernel then holds one key tile and
 # walks the query tiles that can see it, computing Pᵀ and dPᵀ directly (sᵀ = k·qᵀ) so nothing is
-# transposed in registers: 5 matmuls per tile, dk and dv summed in registers, dq added to an fp32
-# buffer with atomics.
+# transposed in registers: 5 matmuls per tile, dk and dv summed in registers, dq atomically added in fp32.
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -170,8 +163,7 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     k = _load_rows(K + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     v = _load_rows(V + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     a, b = tl.load(A + h).to(tl.float32), tl.load(Bc + h).to(tl.float32)
-    dk = tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀ·q/√D
-    dv = tl.zeros([BLOCK_N, D], tl.float32)  # Pᵀ·dout
+    dk, dv = tl.zeros([BLOCK_N, D], tl.float32), tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀq/√D, Pᵀdout
     rows_of_bh = bh.to(tl.int64) * T  # this (batch, head) in LSE and Delta
     Q, DO, DQ, LSE, Delta = Q + qkv, DO + own, DQ + own, LSE + rows_of_bh, Delta + rows_of_bh
     # the query tiles on the diagonal need the causal mask; all later rows see every key of this tile
@@ -184,17 +176,13 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     _store_rows(DV + own, keys, a * do_own + b * dv, T, H * D, D)
     _store_rows(DK + own, keys, dk, T, H * D, D)
 # -----------------------------------------------------------------------------
-# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks. On a GPU,
-# support/kernel_check.py's tune() tests every launch config against float64 on the device before use, then
-# times it against SDPA.
+# PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks.
 
-
-# Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?,
-# D ≤ 64). In bf16 and fp16 each fits shared memory and has 0 register spills on sm_90 (Hopper) or sm_80,
-# under triton 3.6 and 3.9 (test_compiles_for_hopper_and_ampere_without_spills). fp32 gets only the last,
-# smallest one: it does spill registers in fp32, which is slow but correct, and fp32 is for checks, not
-# speed. Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides
-# BLOCK_N.
+# Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?, D ≤ 64).
+# In bf16 and fp16 each fits shared memory without register spills on sm_90 and sm_80, under triton 3.6 and
+# 3.9 (tests/test_kernel.py compiles them). fp32, for checks not speed, gets only the last, smallest one (it
+# spills registers: slow but correct).
+# Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
 CONFIGS = {
     ("fwd", True, True): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 2)],
     ("fwd", True, False): [(128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
@@ -264,11 +252,9 @@ def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor
     if dout.shape != q.shape or pv.shape != q.shape or lse.shape != (B, H, T):
         raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse "
                          f"{(B, H, T)}, got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
-    layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T)
-    if dout.stride() != layout or dout.dtype != q.dtype:  # in the model dout already has this layout
-        dout = _new(q).copy_(dout)
-    if pv.stride() != layout or pv.dtype != q.dtype:  # the forward's pv has it, unless a compiler moved it
-        pv = _new(q).copy_(pv)
+    layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T):
+    # the model's dout and the forward's pv have this layout (unless a compiler moved pv); others are copied
+    dout, pv = (x if x.stride() == layout and x.dtype == q.dtype else _new(q).copy_(x) for x in (dout, pv))
     lse = lse.contiguous().float()
     dq, dk, dv = _new(q, torch.float32), _new(q), _new(q)  # dq: an fp32 accumulator
     delta, scale = q.new_empty((B, H, T), dtype=torch.float32), 1.0 / math.sqrt(D)
@@ -322,7 +308,7 @@ def _check_inputs(q, k, v, a, b):
         require(x.dim() == 1 and x.shape[0] == H and x.is_floating_point(),
                 f"{name} must be 1-D of length H={H} and floating-point, got {tuple(x.shape)} {x.dtype}")
     require(q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32),
-            f"q, k, v must share one dtype among float16, bfloat16, float32, "
+            "q, k, v must share one dtype among float16, bfloat16, float32, "
             f"got {q.dtype}, {k.dtype}, {v.dtype}")
     require(len({x.device for x in (q, k, v, a, b)}) == 1,
             f"q, k, v, a, b must be on one device, got {[str(x.device) for x in (q, k, v, a, b)]}")
@@ -332,10 +318,9 @@ def _check_inputs(q, k, v, a, b):
 
 
 def mix_attention(q, k, v, a, b, configs=None):
-    """out = a·v + b·causal_softmax(q·kᵀ/√D)·v per head. q, k, v: (B, H, T, D); a, b: (H,).
-    Differentiable.
-    configs: the (forward, backward) launch configs, e.g. one of candidates(); None in the interpreter: SMALL.
-    On a GPU, support.kernel_check.fused passes the fastest one that passed its float64 check there."""
+    """out = a·v + b·P·v per head, differentiable (P: causal softmax). q, k, v: (B, H, T, D); a, b: (H,).
+    configs: the (forward, backward) launch configs, one of candidates(): support.kernel_check.fused passes
+    the fastest that passed its float64 check on this GPU. None in the interpreter: SMALL."""
     _check_inputs(q, k, v, a, b)
     if configs is None and not INTERPRET:
         raise ValueError("mix_attention: pass configs on a GPU (support.kernel_check.fused picks ones "

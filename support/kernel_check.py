@@ -1,37 +1,29 @@
 """
 The checks of kernel.py's fused kernel, in two parts:
 
-1. What impl='auto' runs at first use on a device (model.resolve_impl asks usable(); the model's fused path
-   calls fused(), which asks tune() for its launch configs): every candidate launch config against float64
-   (accuracy), then the passing ones timed against SDPA + epilogue (time_fwd_bwd), the results cached per
-   device, dtype and shape bucket.
+1. What impl='auto' runs at first use on a device: every candidate launch config against float64 (accuracy),
+   then the passing ones timed against SDPA + epilogue (time_fwd_bwd), cached per device, dtype and shape.
 
     usable(q.device, q.dtype, q.shape)   # impl='auto': correct here (float64 check) and faster than SDPA?
     tune(q.device, q.dtype, q.shape)     # (the fastest passing config pair, faster than SDPA?), or None
     fused(q, k, v, a, b)                 # kernel.mix_attention with tune()'s configs
 
 2. The pass/fail gate, `python -m support.kernel_check`; its exit status is 0 only if every part passed.
-
-- The fused kernel's out and five gradients against float64 (accuracy: ragged T = 301, q, k, v in the
-  model's layout, a sharp head, a cancelling Laplacian head, run twice), for D = 64 and 128 in every launch
-  config the device may pick: fp32, fp16 and bf16 on a GPU; fp32 and fp16 in the Triton interpreter on a CPU
-  (bf16 dots are wrong there). On a CPU that is all: 6 minutes on a shared 2-core machine.
-- On a GPU also: `pytest -q tests/test_kernel.py` on the real kernels, which includes a few GPT-2-small
-  training steps with impl=triton against impl=sdpa, in bf16 and in fp16 with the gradient scaler (losses
-  within 1%, gradient norms within 5%); and, with the tuning cache cleared, the timing behind impl='auto',
-  naming the SDPA backend it ran against. Slower than SDPA is reported, not failed: auto then uses SDPA. Meant
-  to fit in 10 minutes on one H200.
+   The kernel's out and five gradients against float64 (ragged T = 301, the model's layout, a sharp head, a
+   cancelling Laplacian head, run twice), for D = 64 and 128 in every launch config the device may pick:
+   fp32, fp16 and bf16 on a GPU; on a CPU only that, in fp32 and fp16 in the Triton interpreter (bf16 dots
+   are wrong there), 6 minutes on 2 cores. On a GPU also pytest -q tests/test_kernel.py on the real kernels
+   (GPT-2-small training steps with impl=triton against impl=sdpa included), and the timing behind
+   impl='auto': slower than SDPA is reported, not failed (auto then uses SDPA). About 10 minutes on one H200.
 
     python -m support.kernel_check --tests=False --timing=False   # only the float64 checks
-
-This module imports kernel.py, never the reverse.
 """
 import functools
 import itertools
 import os
 import subprocess
 import sys
-import time
+import timeit
 import warnings
 
 try:  # Ctrl-C while torch and triton load gets one line too
@@ -50,9 +42,8 @@ except KeyboardInterrupt:
     sys.exit("interrupted: the kernel check did not finish")
 
 # -----------------------------------------------------------------------------
-# 1. The checks behind impl='auto', the way torch.backends.cudnn.benchmark picks algorithms: on the user's
-# device, at first use, never inside CUDA-graph capture. Each takes the function under test, so tests can
-# plant wrong ones.
+# 1. The checks behind impl='auto', like cudnn.benchmark: on the user's device, at first use, never inside
+# CUDA-graph capture. Each takes the function under test, so tests can plant wrong ones.
 
 # Tolerances on max|x - float64| / max|float64|, for out and for the gradients: about 5 and 8-10 unit
 # roundoffs u (bf16 2^-8; fp16 and tf32 2^-11; fp32 dots run in tf32 unless TF32 is off, then pass easily).
@@ -120,12 +111,7 @@ def time_fwd_bwd(fn, device, dtype, shape):
         torch.autograd.grad(fn(*leaves), leaves, dout)
     if device.type == "cuda":
         return do_bench(step, warmup=10, rep=40, return_mode="median")
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1000)
-    return sorted(times)[1]
+    return sorted(timeit.repeat(step, number=1, repeat=3))[1] * 1000
 
 
 _verified = {}  # (device, dtype, D, dot precision) -> the candidate config pairs that pass accuracy()
@@ -157,10 +143,9 @@ def tuning_key(device, dtype, shape):  # (device, dtype, D, dot precision, B·H,
 
 @torch.compiler.assume_constant_result  # torch.compile calls it once while tracing and keeps the answer
 def tune(device, dtype, shape, kernel=mix_attention):
-    """For q of this shape (B, H, T, D): (the fastest launch config pair that passes accuracy(), whether the
-    kernel's forward + backward beats SDPA + epilogue), or None where no config passes. Checked once per
-    (device, dtype, D), timed once per B·H and T rounded up to a power of 2 (≤ 8192). Refuses to run inside
-    CUDA-graph capture (RuntimeError): checks and timings need synchronisation."""
+    """For q of this shape (B, H, T, D): (the fastest config pair that passes accuracy(), whether it beats
+    SDPA + epilogue), or None where none passes. Checked once per (device, dtype, D), timed once per
+    tuning_key. RuntimeError inside CUDA-graph capture: checks and timings need synchronisation."""
     device = _device(device)
     D, key = shape[-1], tuning_key(device, dtype, shape)
     if key in _tuned:
@@ -173,11 +158,9 @@ def tune(device, dtype, shape, kernel=mix_attention):
             _verified[key[:4]] = _verify(device, dtype, D, kernel)
         times = {pair: time_fwd_bwd(functools.partial(kernel, configs=pair), device, dtype, shape)
                  for pair in _verified[key[:4]]}
-        if times:
-            fastest = min(times, key=times.get)
-            _tuned[key] = (fastest, times[fastest] < time_fwd_bwd(reference, device, dtype, shape))
-        else:
-            _tuned[key] = None
+        fastest = min(times, key=times.get, default=None)
+        faster = fastest is not None and times[fastest] < time_fwd_bwd(reference, device, dtype, shape)
+        _tuned[key] = None if fastest is None else (fastest, faster)
     return _tuned[key]
 
 
@@ -186,10 +169,8 @@ def usable(device, dtype, shape, kernel=mix_attention) -> bool:
     """For impl='auto': is the kernel correct and faster than SDPA + epilogue here, for q of this shape?
     (tune()) False for head sizes the kernel is not built for, and inside CUDA-graph capture before tune()."""
     device, shape = _device(device), tuple(shape)
-    if shape[-1] not in HEAD_DIMS:
-        return False
-    if _capturing(device) and tuning_key(device, dtype, shape) not in _tuned:  # SDPA is right, always
-        return False
+    if shape[-1] not in HEAD_DIMS or (_capturing(device) and tuning_key(device, dtype, shape) not in _tuned):
+        return False  # SDPA is right, always
     tuned = tune(device, dtype, shape, kernel)
     return tuned is not None and tuned[1]
 
@@ -197,14 +178,13 @@ def usable(device, dtype, shape, kernel=mix_attention) -> bool:
 def fused(q, k, v, a, b):
     """kernel.mix_attention with the launch configs tune() picked for q's device and shape (the interpreter's
     own on a CPU). A ValueError where no config passed the float64 check: never a wrong number."""
-    configs = None
-    if q.is_cuda:
-        tuned = tune(q.device, q.dtype, tuple(q.shape))
-        if tuned is None:
-            raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
-                             f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
-        configs = tuned[0]
-    return mix_attention(q, k, v, a, b, configs=configs)
+    if not q.is_cuda:
+        return mix_attention(q, k, v, a, b)
+    tuned = tune(q.device, q.dtype, tuple(q.shape))
+    if tuned is None:
+        raise ValueError(f"mix_attention: no launch config passed the float64 check on {q.device}, "
+                         f"{q.dtype}, head size {q.shape[-1]} (see the warning above); use impl='sdpa'")
+    return mix_attention(q, k, v, a, b, configs=tuned[0])
 
 
 def _device(device):  # "cuda" means the current CUDA device: name its index, so that it has one tuning key
@@ -251,13 +231,6 @@ def check_accuracy(fn, device):
     return all_ok
 
 
-def run_tests():
-    print("\npytest -q tests/test_kernel.py on the real kernels:", flush=True)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    command = [sys.executable, "-m", "pytest", "-q", "tests/test_kernel.py"]
-    return subprocess.run(command, cwd=root).returncode == 0
-
-
 def sdpa_backend(q, k, v):
     """The SDPA backend (flash, cudnn, efficient, math, ...) that ran, from the aten op the profiler saw."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -281,8 +254,7 @@ def timing():
         if tuned is None:
             print(f"| {shape} | none passed the float64 check | | | | sdpa |")
             continue
-        picked = functools.partial(mix_attention, configs=tuned[0])
-        fused = time_fwd_bwd(picked, device, dtype, shape)
+        fused = time_fwd_bwd(functools.partial(mix_attention, configs=tuned[0]), device, dtype, shape)
         sdpa = time_fwd_bwd(reference, device, dtype, shape)
         print(f"| {shape} | {tuned[0]} | {fused:.3f} | {sdpa:.3f} | {fused / sdpa:.2f} | "
               f"{'triton' if tuned[1] else 'sdpa'} |")
@@ -298,7 +270,10 @@ def main(argv, fn=mix_attention):
     cuda = torch.cuda.is_available()
     passed = [check_accuracy(fn, torch.device("cuda" if cuda else "cpu"))]
     if cuda and cfg.tests:
-        passed.append(run_tests())
+        print("\npytest -q tests/test_kernel.py on the real kernels:", flush=True)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pytest = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernel.py"], cwd=root)
+        passed.append(pytest.returncode == 0)
     if cuda and cfg.timing:
         timing()
     if not cuda:
