@@ -39,8 +39,7 @@ DEFAULTS = dict(
 
 
 def temperature_rule(key, value):
-    """0, or at least 0.001: dividing the logits by less overflows them to inf (and sampling from them to
-    NaN), while at 0.001 sampling already picks the most likely token nearly always, as 0 does exactly."""
+    """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to NaN."""
     at_least(0.0)(key, value)
     if value != 0 and value < 1e-3:
         raise ConfigError(f"{key}={value!r} is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
@@ -49,9 +48,7 @@ def temperature_rule(key, value):
 
 RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
              top_k=optional(int, at_least(1)), device=device_rule)
-
-
-PROMPT_CHARS = 1 << 24
+PROMPT_CHARS = 1 << 24  # the longest prompt file read
 
 
 def read_prompt(start):

@@ -1,13 +1,10 @@
 """
 OpenAI's GPT-2 weights for GPT.from_pretrained: a hub name (gpt2 .. gpt2-xl, downloaded once into the hub's
-cache) or a local folder saved with transformers' save_pretrained. Both are read as config.json and
-model.safetensors (or its shards) and checked before any model is built:
-
-- config.json: a GPT-2 config (model_type "gpt2", GPT-2's GELU and MLP) with sizes in range;
-- the weights: exactly the tensors GPT-2 of that config has, by name and shape, floating point and finite.
-
-safetensors files hold only tensors, so no pickled code ever runs: a folder with only pytorch_model.bin is
-refused. Every refusal is one ValueError that names the file and says what to do.
+cache) or a local folder saved with transformers' save_pretrained, read as config.json and model.safetensors
+(or its shards) and checked before any model is built: a GPT-2 config (model_type "gpt2", GPT-2's GELU and
+MLP) with sizes in range, then exactly the tensors GPT-2 of that config has, by name and shape, floating
+point and finite. safetensors hold only tensors, so no pickled code ever runs (pytorch_model.bin is refused).
+Every refusal is one ValueError that names the file and says what to do.
 """
 import contextlib
 import json
@@ -78,9 +75,8 @@ def gpt2_weights(name_or_path):
             if not w.is_floating_point() or not torch.isfinite(w).all():
                 raise ConfigError(f"{path}: {key} is not finite floating-point numbers; {SAVE_AGAIN}")
             weights["transformer." + name] = w.t() if name.endswith(CONV1D) else w
-    sizes = dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
-                 n_head=config["n_head"], n_embd=C)
-    return sizes, weights
+    return dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
+                n_head=config["n_head"], n_embd=C), weights
 
 
 def download(name):
