@@ -143,8 +143,7 @@ def _bwd_tiles(dk, dv, k, v, Q, DO, DQ, LSE, Delta, keys, lo, hi, T, HD, stride_
         dpT = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BLOCK_N, BLOCK_M) (dout·vᵀ)ᵀ
         dsT = pT * (dp_scale * dpT - delta[None, :])  # (BLOCK_N, BLOCK_M) dSᵀ/√D  (dp_scale = b/√D)
         dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)  # (BLOCK_N, D)
-        # (D, BLOCK_M) this key tile's dq share
-        dqT = tl.dot(tl.trans(k), dsT.to(k.dtype), input_precision=PREC)
+        dqT = tl.dot(tl.trans(k), dsT.to(k.dtype), input_precision=PREC)  # (D, BLOCK_M): this tile's dq share
         tl.atomic_add(DQ + rows[None, :] * HD + tl.arange(0, D)[:, None], dqT, mask=rows[None, :] < T,
                       sem="relaxed")
     return dk, dv
@@ -179,9 +178,8 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
 # PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks.
 
 # Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?, D ≤ 64).
-# In bf16 and fp16 each fits shared memory without register spills on sm_90 and sm_80, under triton 3.6 and
-# 3.9 (tests/test_kernel.py compiles them). fp32, for checks not speed, gets only the last, smallest one (it
-# spills registers: slow but correct).
+# In bf16 and fp16 each fits shared memory without register spills on sm_90 and sm_80 under triton 3.6 and
+# 3.9 (test_kernel.py compiles them); fp32, for checks not speed, gets the last, smallest (it spills: slow).
 # Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
 CONFIGS = {
     ("fwd", True, True): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 2)],
