@@ -6,7 +6,7 @@ Fused causal "mix attention" in Triton: for every head h,
 computed flash-attention style, without ever storing the T×T matrix P; the forward adds the a·v term while
 writing the output tile. The backward is flash-attention-2: recompute P tile by tile from the saved logsumexp.
 
-    out = mix_attention(q, k, v, a, b, configs)   # q, k, v: (B, H, T, D), any strides; a, b: (H,)
+    out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
 
 On a GPU the caller passes the launch configs: support/kernel_check.py checks each against float64 there and
 times it against SDPA. Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model
@@ -162,7 +162,8 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
     k = _load_rows(K + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     v = _load_rows(V + qkv, keys, T, stride_t, D)  # (BLOCK_N, D)
     a, b = tl.load(A + h).to(tl.float32), tl.load(Bc + h).to(tl.float32)
-    dk, dv = tl.zeros([BLOCK_N, D], tl.float32), tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀq/√D, Pᵀdout
+    dk = tl.zeros([BLOCK_N, D], tl.float32)  # dSᵀ·q/√D
+    dv = tl.zeros([BLOCK_N, D], tl.float32)  # Pᵀ·dout
     rows_of_bh = bh.to(tl.int64) * T  # this (batch, head) in LSE and Delta
     Q, DO, DQ, LSE, Delta = Q + qkv, DO + own, DQ + own, LSE + rows_of_bh, Delta + rows_of_bh
     # the query tiles on the diagonal need the causal mask; all later rows see every key of this tile
@@ -250,9 +251,11 @@ def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor
     if dout.shape != q.shape or pv.shape != q.shape or lse.shape != (B, H, T):
         raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse "
                          f"{(B, H, T)}, got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
-    layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T):
-    # the model's dout and the forward's pv have this layout (unless a compiler moved pv); others are copied
-    dout, pv = (x if x.stride() == layout and x.dtype == q.dtype else _new(q).copy_(x) for x in (dout, pv))
+    layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T)
+    if dout.stride() != layout or dout.dtype != q.dtype:  # in the model dout already has this layout
+        dout = _new(q).copy_(dout)
+    if pv.stride() != layout or pv.dtype != q.dtype:  # the forward's pv has it, unless a compiler moved it
+        pv = _new(q).copy_(pv)
     lse = lse.contiguous().float()
     dq, dk, dv = _new(q, torch.float32), _new(q), _new(q)  # dq: an fp32 accumulator
     delta, scale = q.new_empty((B, H, T), dtype=torch.float32), 1.0 / math.sqrt(D)

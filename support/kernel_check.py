@@ -158,9 +158,11 @@ def tune(device, dtype, shape, kernel=mix_attention):
             _verified[key[:4]] = _verify(device, dtype, D, kernel)
         times = {pair: time_fwd_bwd(functools.partial(kernel, configs=pair), device, dtype, shape)
                  for pair in _verified[key[:4]]}
-        fastest = min(times, key=times.get, default=None)
-        faster = fastest is not None and times[fastest] < time_fwd_bwd(reference, device, dtype, shape)
-        _tuned[key] = None if fastest is None else (fastest, faster)
+        if times:
+            fastest = min(times, key=times.get)
+            _tuned[key] = (fastest, times[fastest] < time_fwd_bwd(reference, device, dtype, shape))
+        else:
+            _tuned[key] = None
     return _tuned[key]
 
 
