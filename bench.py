@@ -25,14 +25,11 @@ import subprocess
 import sys
 import time
 
-try:  # Ctrl-C while the libraries load gets one line too
-    import torch
+import torch
 
-    from support.configurator import ConfigError, at_least, configure, one_of
-    from support.hardware import keep_freed_memory
-    from model import GPT, GPTConfig
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from support.configurator import ConfigError, at_least, configure, one_of
+from support.hardware import keep_freed_memory
+from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(

@@ -17,15 +17,12 @@ import os
 import re
 import sys
 
-try:  # Ctrl-C while the libraries load gets one line too
-    import numpy as np
-    from scipy import stats
+import numpy as np
+from scipy import stats
 
-    from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular
-    from operators import OPS, all_controls
-    from support.rundir import atomic_write
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular
+from operators import OPS, all_controls
+from support.rundir import atomic_write
 
 # ops whose (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))

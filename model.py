@@ -13,16 +13,13 @@ import math
 import sys
 from dataclasses import dataclass, field
 
-try:  # Ctrl-C while torch loads (python model.py) gets one line too
-    import torch
-    import torch.nn as nn
-    from torch.nn import functional as F
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
 
-    from operators import OPS, Attention, causal_softmax, operator_matrix
-    from support import hardware
-    from support.pretrained import gpt2_weights
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from operators import OPS, Attention, causal_softmax, operator_matrix
+from support import hardware
+from support.pretrained import gpt2_weights
 
 
 @dataclass

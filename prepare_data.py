@@ -33,17 +33,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-try:  # Ctrl-C while the libraries load gets one line too
-    import filelock
-    import numpy as np
+import filelock
+import numpy as np
 
-    from support.configurator import (at_least, configure, in_range, nonempty, one_of, open_regular, optional,
-                                      refuse_unless_regular, requires)
-    from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta, read_json,
-                                    read_shard)
-    from support.hellaswag import HELLASWAG_EXAMPLE, is_hellaswag_example
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from support.configurator import (at_least, configure, in_range, nonempty, one_of, open_regular, optional,
+                                  refuse_unless_regular, requires)
+from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta, read_json,
+                                read_shard)
+from support.hellaswag import HELLASWAG_EXAMPLE, is_hellaswag_example
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

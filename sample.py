@@ -11,17 +11,14 @@ with any op, decoding with tiktoken's GPT-2 BPE.
 import os
 import sys
 
-try:  # Ctrl-C while the libraries load gets one line too
-    import torch
+import torch
 
-    from support.configurator import SEED, ConfigError, at_least, configure, optional
-    from support.dataloader import get_tokenizer
-    from support.hardware import device_rule, pick_device
-    from model import GPT
-    from operators import OPS, all_controls
-    from support.rundir import load_checkpoint, model_from_checkpoint
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from support.configurator import SEED, ConfigError, at_least, configure, optional
+from support.dataloader import get_tokenizer
+from support.hardware import device_rule, pick_device
+from model import GPT
+from operators import OPS, all_controls
+from support.rundir import load_checkpoint, model_from_checkpoint
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory

@@ -16,19 +16,16 @@ import sys
 import time
 from dataclasses import asdict
 
-try:  # Ctrl-C while the libraries load gets one line too
-    import torch
+import torch
 
-    from model import GPT, GPTConfig
-    from prepare_data import ensure_prepared
-    from support import hellaswag, settings
-    from support.configurator import ConfigError, why
-    from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-    from support.hardware import ddp_env, end_process, exit_status, start_process
-    from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint,
-                                save_checkpoint, start_run_dir, stop_if_not_finite, unlock_run_dir)
-except KeyboardInterrupt:
-    sys.exit("interrupted while starting: nothing was written; run the same command again")
+from model import GPT, GPTConfig
+from prepare_data import ensure_prepared
+from support import hellaswag, settings
+from support.configurator import ConfigError, why
+from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
+from support.hardware import ddp_env, end_process, exit_status, start_process
+from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint,
+                            save_checkpoint, start_run_dir, stop_if_not_finite, unlock_run_dir)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them

@@ -489,26 +489,3 @@ def test_ctrl_c_while_corridor_reads_is_one_line(finished_run, monkeypatch, caps
     monkeypatch.setattr(corridor, "load_run", interrupted)
     assert corridor.main([finished_run, "--csv=runs.csv"]) == 1
     assert capsys.readouterr().err == "interrupted\n" and not os.path.exists("runs.csv")
-
-
-CTRL_C_ON_IMPORT = """
-import sys
-class CtrlC:  # the user's Ctrl-C, as the script's first heavy import starts
-    def find_spec(self, name, path=None, target=None):
-        if name in ("torch", "numpy"):
-            raise KeyboardInterrupt
-sys.meta_path.insert(0, CtrlC())
-"""
-
-
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "prepare_data.py", "corridor.py", "bench.py",
-                                    "model.py", "-m support.kernel_check"])
-def test_ctrl_c_while_a_script_starts_is_one_line(workdir, script):
-    (workdir / "hook").mkdir()
-    (workdir / "hook" / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
-    path = os.pathsep.join([str(workdir / "hook"), ROOT])  # ROOT: where -m finds support/
-    command = script.split() if script.startswith("-m") else [os.path.join(ROOT, script)]
-    p = subprocess.run([sys.executable, *command], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": path}, timeout=60)
-    assert p.returncode == 1 and p.stderr.startswith("interrupted") and p.stderr.count("\n") == 1, p.stderr
-    assert sorted(os.listdir(workdir)) == ["hook"]  # nothing written
