@@ -30,6 +30,7 @@ import torch
 from support.configurator import ConfigError, at_least, configure, one_of
 from support.hardware import keep_freed_memory
 from model import GPT, GPTConfig
+from support.kernel_check import check_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
@@ -127,6 +128,8 @@ def bench_ops(cfg):
     except ValueError:
         raise ConfigError(f"block_sizes={cfg.block_sizes!r} is not allowed: "
                           "give integers like 128,256") from None
+    if "triton" in cfg.impls.split(","):  # the fused kernel, checked against float64 before it is timed
+        print(check_kernel("cpu", torch.float32, DEMO["n_embd"] // DEMO["n_head"]))
     repeats = {c: [] for c in configs}
     for _ in range(cfg.repeats):
         for op, impl, T in configs:
@@ -196,6 +199,7 @@ def bench_gpt2_step(cfg):
     if not torch.cuda.is_available():
         raise ConfigError("what=gpt2_step needs a CUDA GPU")
     from triton.testing import do_bench
+    print(check_kernel("cuda", torch.bfloat16, 64))  # the fused kernel, checked against float64 first
     x = torch.randint(0, 50304, (8, 1024), device="cuda")
     times = {}
     for impl in ("triton", "sdpa"):

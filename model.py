@@ -9,6 +9,7 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
     python model.py --op=laplacian
 """
 
+import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -17,9 +18,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from operators import OPS, Attention, causal_softmax, operator_matrix
-from support import hardware
-from support.pretrained import gpt2_weights
+from operators import OPS, causal_softmax, operator_matrix
 
 
 @dataclass
@@ -33,11 +32,36 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
     controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset: defaults
-    impl: str = "auto"  # how heads compute (a·I + b·P)V: auto, sdpa, materialized or triton
+    impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton (kernel.py)
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
-    def __post_init__(self):  # every value checked (check_config, below the model); the op's defaults added
-        self.controls = check_config(self)
+    def __post_init__(self):
+        """Every value checked where a config is made (a config file, a checkpoint, the command line): a
+        ValueError names the setting and what is allowed. The op's controls get their defaults."""
+        def bad(key, allowed):
+            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
+        if self.op not in OPS:
+            bad("op", f"choose one of {', '.join(OPS)}")
+        for key, choices in (("impl", ("sdpa", "materialized", "triton")), ("gelu", ("none", "tanh"))):
+            if getattr(self, key) not in choices:
+                bad(key, f"choose one of {', '.join(choices)}")
+        if self.impl == "triton" and importlib.util.find_spec("triton") is None:
+            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
+                bad(key, "it must be a positive integer")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", "it must be in [0, 1)")
+        Op = OPS[self.op]
+        for key in self.controls:
+            if key not in Op.controls:
+                has = ", ".join(Op.controls) or "none"
+                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); "
+                                 "drop it or change op")
+        self.controls = {**Op.controls, **self.controls}
+        Op.check(self.n_head, self.controls)
 
 
 class CausalSelfAttention(nn.Module):
@@ -50,6 +74,9 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.op = OPS[config.op](config.n_head, **config.controls)
+        if config.impl == "triton":  # lazy: triton is imported only by the runs that ask for the kernel
+            from kernel import mix_attention
+            self.fused = mix_attention
 
     def qkv(self, x):
         B, T, C = x.size()
@@ -73,13 +100,11 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def heads(self, q, k, v):
-        """Every head's (a·I + b·P)·V at all T positions, by the implementation impl names (resolve_impl)."""
+        """Every head's (a·I + b·P)·V at all T positions, by the implementation config.impl names."""
         dropout_p = self.dropout if self.training else 0.0
-        impl = resolve_impl(self.impl, self.op, q, dropout_p)
-        if impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
-            from support.kernel_check import fused  # lazy: imports triton; launch configs checked on this GPU
-            return fused(q, k, v, *self.op.coefficients())
-        if impl == "materialized":  # the T×T operator itself: for teaching and tests
+        if self.impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
+            return self.fused(q, k, v, *self.op.coefficients())
+        if self.impl == "materialized":  # the T×T operator itself: for teaching and tests
             return operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
         return self.op(v, y)  # (a·I + b·P)·V: the one new line
@@ -110,6 +135,18 @@ class Block(nn.Module):
     def forward(self, x, cache=None):
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
+
+
+# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
+              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device):
+    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
 
 
 class GPT(nn.Module):
@@ -202,8 +239,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt):
-        """Model FLOPs utilisation against the peak bf16 FLOP/s of the GPU in use; None on CPUs."""
-        peak = hardware.peak_flops(self.lm_head.weight.device)
+        """Model FLOPs utilisation against the dense bf16 peak FLOP/s of the GPU in use; None on CPUs."""
+        peak = peak_flops(self.lm_head.weight.device)
         if peak is None:
             return None
         cfg = self.config
@@ -246,70 +283,28 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="auto"):
+    def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="sdpa"):
         """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op. With
         op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning
         starts from attention and the heads are free to move into the corridor."""
+        from support.pretrained import gpt2_weights  # lazy: reads and checks the folder or the hub's files
         sizes, weights = gpt2_weights(name_or_path)  # checked against config.json before anything is built
         config = GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {}, dropout=dropout,
                            impl=impl)
         model = cls(config)
+        # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from nn.Linear's
+        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        weights = {k: w.t() if k.endswith(transposed) else w for k, w in weights.items()}
         model.load_state_dict(weights, strict=False)  # all but the operators' own scalars (and the tied head)
         return model
 
-
-# -----------------------------------------------------------------------------
-# Which implementation computes the heads
-
-IMPLS = ("auto", "sdpa", "materialized", "triton")
-
-
-def resolve_impl(impl, op, q, dropout_p):
-    """'auto': the fused Triton kernel on CUDA where it applies (triton installed, head size supported, no
-    attention dropout) and where, at first use on this GPU, it passed its float64 check and beat SDPA +
-    epilogue at this shape (kernel_check.usable); SDPA otherwise. Plain attention gains nothing from it."""
-    if impl != "auto":
-        return impl
-    if q.is_cuda and dropout_p == 0.0 and not isinstance(op, Attention):
-        try:
-            from support.kernel_check import usable  # lazy: imports triton
-        except ImportError:
-            return "sdpa"
-        if usable(q.device, q.dtype, tuple(q.shape)):  # a kernel that fails its check warns once
-            return "triton"
-    return "sdpa"
-
-
-# -----------------------------------------------------------------------------
-# Checks of a GPTConfig, run where one is made (a config file, a checkpoint, the command line)
-
-
-def check_config(config):
-    """Raise a ValueError that names the setting and what is allowed; returns the op's controls completed
-    with their defaults."""
-    def bad(key, allowed):
-        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
-    if config.op not in OPS:
-        bad("op", f"choose one of {', '.join(OPS)}")
-    for key, choices in (("impl", IMPLS), ("gelu", ("none", "tanh"))):
-        if getattr(config, key) not in choices:
-            bad(key, f"choose one of {', '.join(choices)}")
-    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        if type(getattr(config, key)) is not int or getattr(config, key) < 1:
-            bad(key, "it must be a positive integer")
-    if config.n_embd % config.n_head:
-        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
-    if not 0.0 <= config.dropout < 1.0:
-        bad("dropout", "it must be in [0, 1)")
-    Op = OPS[config.op]
-    for key in config.controls:
-        if key not in Op.controls:
-            has = ", ".join(Op.controls) or "none"
-            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
-                             "drop it or change op")
-    controls = {**Op.controls, **config.controls}
-    Op.check(config.n_head, controls)
-    return controls
+    @classmethod
+    def from_checkpoint(cls, ckpt, **changes):
+        """The GPT that train.py's checkpoint dict holds; changes: settings that are not weights (dropout,
+        impl). strict: every weight of the model, each of its shape, and nothing else."""
+        model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
+        model.load_state_dict(ckpt["model"], strict=True)
+        return model
 
 
 # -----------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def sample(cfg, given=frozenset()):
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "
                               "a checkpoint's op is fixed; drop it")
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-        model = model_from_checkpoint(ckpt, impl="auto")  # train.py's checks of the weights
+        model = model_from_checkpoint(GPT, ckpt, impl="sdpa")  # train.py's checks of the weights
         encode, decode = get_tokenizer(ckpt["meta"])
     else:  # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest default)
         controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, peak_flops
 from operators import OPS, all_controls, causal_softmax, operator_matrix
 
 TINY = dict(block_size=16, vocab_size=32, n_layer=2, n_head=4, n_embd=32)
@@ -452,40 +452,6 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
 # --- more of the contract: impl choice, config messages, inference, optimizer groups, MFU, checkpoints ------
 
 
-class _FakeQ:
-    """Stands in for q in resolve_impl: a CUDA (or CPU) tensor of head size 16, without needing a GPU."""
-    def __init__(self, cuda):
-        self.is_cuda, self.dtype = cuda, torch.bfloat16
-        self.device = torch.device("cuda:0" if cuda else "cpu")
-        self.shape = (2, 4, 8, 16)
-
-
-@pytest.mark.parametrize("impl, op, cuda, dropout_p, kernel_ok, want", [
-    ("auto", "mix", True, 0.0, True, "triton"),  # the fused kernel where it applies and works
-    ("auto", "mix", True, 0.0, False, "sdpa"),  # the kernel failed here: SDPA
-    ("auto", "mix", True, 0.1, True, "sdpa"),  # the kernel has no attention dropout
-    ("auto", "attention", True, 0.0, True, "sdpa"),  # plain attention gains nothing from it
-    ("auto", "mix", False, 0.0, True, "sdpa"),  # not on CUDA
-    ("sdpa", "mix", True, 0.0, True, "sdpa"),  # an explicit impl is taken as given
-    ("materialized", "attention", True, 0.1, True, "materialized"),
-    ("triton", "mix", False, 0.0, False, "triton"),  # even where it cannot run: it then fails loudly
-])
-def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
-    from support import kernel_check
-    from model import resolve_impl
-    asked = []
-    def usable(*key):
-        asked.append(key)
-        return kernel_ok
-    monkeypatch.setattr(kernel_check, "usable", usable)
-    head_op = OPS[op](4, **OPS[op].controls)
-    assert resolve_impl(impl, head_op, _FakeQ(cuda), dropout_p) == want
-    assert asked in ([], [(torch.device("cuda:0"), torch.bfloat16, (2, 4, 8, 16))])  # device, dtype, shape
-    # triton not installed: `from kernel_check import usable` fails
-    monkeypatch.setitem(sys.modules, "support.kernel_check", None)
-    assert resolve_impl("auto", OPS["mix"](4, **OPS["mix"].controls), _FakeQ(True), 0.0) == "sdpa"
-
-
 @pytest.mark.parametrize("kw, message", [
     (dict(dropout=-0.1), "dropout=-0.1 is not allowed: it must be in [0, 1)"),
     (dict(dropout=1.0), "dropout=1.0 is not allowed: it must be in [0, 1)"),
@@ -493,7 +459,8 @@ def test_resolve_impl(monkeypatch, impl, op, cuda, dropout_p, kernel_ok, want):
     (dict(block_size=16.0), "block_size=16.0 is not allowed: it must be a positive integer"),
     (dict(n_head=True), "n_head=True is not allowed: it must be a positive integer"),
     (dict(n_embd=30), "n_embd=30 is not allowed: it must be divisible by n_head=4"),
-    (dict(impl="cuda"), "impl='cuda' is not allowed: choose one of auto, sdpa, materialized, triton"),
+    (dict(impl="cuda"), "impl='cuda' is not allowed: choose one of sdpa, materialized, triton"),
+    (dict(impl="auto"), "impl='auto' is not allowed: choose one of sdpa, materialized, triton"),
     (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
     (dict(op="attention", gamma_init=-0.5),
      "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
@@ -512,6 +479,36 @@ def test_bad_config_message_says_what_is_allowed(kw, message):
     with pytest.raises(ValueError) as e:
         tiny(**{"op": "attention", **kw})
     assert str(e.value) == message
+
+
+def test_impl_triton_without_triton_is_refused_by_the_config(monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", 
+                        lambda name: None if name == "triton" else find_spec(name))
+    with pytest.raises(ValueError) as e:
+        tiny("mix", impl="triton")
+    assert str(e.value) == ("impl='triton' is not allowed: the triton package is not installed (Linux only); "
+                            "use impl='sdpa'")
+
+
+def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit():
+    """GPT.from_checkpoint: the same model from train.py's dict; load_state_dict(strict=True) refuses a
+    missing, an unexpected or a mis-shaped weight."""
+    model = GPT(tiny("mix", gamma_init=-0.3))
+    ckpt = {"model": model.state_dict(), "model_args": vars(model.config)}
+    again = GPT.from_checkpoint(ckpt, dropout=0.1)
+    assert again.config.dropout == 0.1 and again.config.controls == model.config.controls
+    x = torch.randint(0, 32, (2, 16))
+    assert torch.equal(again.eval()(x, x)[1], model.eval()(x, x)[1])
+    for edit, words in ((lambda sd: sd.pop("lm_head.weight"), "Missing key"),
+                        (lambda sd: sd.update(extra=torch.zeros(1)), "Unexpected key"),
+                        (lambda sd: sd.update({"transformer.wpe.weight": torch.zeros(8, 32)}),
+                         "size mismatch")):
+        weights = dict(model.state_dict())
+        edit(weights)
+        with pytest.raises(RuntimeError, match=words):
+            GPT.from_checkpoint({"model": weights, "model_args": vars(model.config)})
 
 
 @pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),
@@ -590,11 +587,23 @@ def test_optimizer_groups_exactly(op):
     assert [g.get("lr_scale") for g in opt.param_groups] == [None, None] + ([50.0] if op == "mix" else [])
 
 
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 65e12), ("NVIDIA B200", None),
+])
+def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
+    """The first matching name wins, longer names first (an A10G is no A10, an A100 neither, an L40 no L4)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda")) == flops
+    assert peak_flops(torch.device("cpu")) is None
+
+
 def test_estimate_mfu_against_the_palm_formula(monkeypatch):
     """MFU = (6N + 12·L·H·Q·T) FLOPs per token × T tokens × sequences per iteration / seconds
     / peak FLOP/s."""
-    from support import hardware
-    monkeypatch.setattr(hardware, "peak_flops", lambda device: 1e12)
+    monkeypatch.setattr("model.peak_flops", lambda device: 1e12)
     model = GPT(tiny("mix"))
     N = model.get_num_params()
     L, H, Q, T = 2, 4, 8, 16  # TINY: n_layer, n_head, n_embd / n_head, block_size

@@ -21,6 +21,7 @@ import torch
 from model import GPT, GPTConfig
 from prepare_data import ensure_prepared
 from support import hellaswag, settings
+from support.kernel_check import check_kernel
 from support.configurator import ConfigError, why
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import ddp_env, end_process, exit_status, start_process
@@ -73,7 +74,7 @@ DEFAULTS = {k: v for k, v in globals().items()
 def parse_config(argv):
     """(cfg, given): the settings (these defaults, GPTConfig's fields, every op's controls) after config files
     and --key=value, each value checked (support/settings.py); given: the keys that were set."""
-    return settings.parse(DEFAULTS, argv, sys.modules[__name__])
+    return settings.parse(DEFAULTS, argv, sys.modules[__name__], GPTConfig)
 
 
 def get_lr(it, cfg):
@@ -100,9 +101,9 @@ def corridor_summary(gamma, delta):
 def build_model(cfg, given, meta, ckpt):
     """The model that init_from asks for: a checkpoint's, GPT-2's weights with the chosen op, or a new one.
     A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
-    config, controls = settings.model_settings(cfg, given)
+    config, controls = settings.model_settings(cfg, given, GPTConfig)
     if ckpt is not None:
-        model = model_from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
+        model = model_from_checkpoint(GPT, ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
@@ -213,13 +214,15 @@ def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens
 def train(cfg, given=frozenset()):
     # --- set-up: the checkpoint to continue, processes, device, data, model, optimizer ----------------------
     rank, local_rank, world_size = ddp_env()
-    ckpt, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS)  # None: a new run
+    ckpt, changed = settings.resume_from_checkpoint(cfg, given, settings.defaults(DEFAULTS, GPTConfig))
     settings.check_schedule(cfg, world_size)
     run = Run(cfg, rank, world_size, local_rank, *start_process(cfg, rank, local_rank, world_size))
     grad_accum = max(1, cfg.gradient_accumulation_steps // world_size)  # micro-steps of this process
     tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
     data_dir, meta = prepare(cfg, run)
     model = build_model(cfg, given, meta, ckpt).to(run.dev)
+    if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
+        run.say(check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, rank, world_size,
@@ -306,7 +309,7 @@ def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
 
 def compiled_and_wrapped(model, cfg, run):
     """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
-    gradients are dropped (no weight changes): compilation and impl='auto''s kernel check happen here."""
+    gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
     if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
         run.say("compiling the model... (takes a minute)")
         model = torch.compile(model)
@@ -314,9 +317,12 @@ def compiled_and_wrapped(model, cfg, run):
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
     if not cfg.eval_only:
-        zeros = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
+        # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
+        # compile a graph for aliased arguments, and the loop's first step would compile again)
+        x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
+        y = torch.zeros_like(x)
         with run.ctx:
-            model(zeros, zeros)[1].backward()
+            model(x, y)[1].backward()
         model.zero_grad(set_to_none=True)
     return model
 

@@ -309,9 +309,10 @@ class ShardLoader:
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
         x, y = windows(self.tokens, mine, self.T)
         self.pos += self.step
-        if device.startswith("cuda"):  # x, y are views of one (B, T+1) buffer: each pinned as a compact copy
-            x, y = x.contiguous().pin_memory(), y.contiguous().pin_memory()
-            return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # x, y are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
+        x, y = x.contiguous(), y.contiguous()
+        if device.startswith("cuda"):
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)
 
 

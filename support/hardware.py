@@ -1,6 +1,6 @@
 """
 hardware.py: the machine a run uses and the processes on it, apart from the model: this process's place in a
-DDP run, its device, dtype and autocast context, the DDP group, the GPU's peak FLOP/s, and CPU memory.
+DDP run, its device, dtype and autocast context, the DDP group, and CPU memory.
 """
 import ctypes
 import os
@@ -147,20 +147,6 @@ def end_process(ddp):
     if ddp:
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-
-# dense bf16 peak FLOP/s of common GPUs, matched in this order against torch.cuda.get_device_name()
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
-                   "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
-                   "V100": 125e12, "T4": 65e12}
-
-
-def peak_flops(device):
-    """The dense bf16 peak FLOP/s of `device`: None on a CPU or a GPU not in the table."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
 
 def keep_freed_memory():
     """Training on a CPU: let glibc keep the memory a step frees for the next, not page-fault it in again each

@@ -19,14 +19,14 @@ from support.configurator import ConfigError, read_regular, refuse_unless_regula
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
          "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
-CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")  # old masks; the tied head
 SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
 
 
 def gpt2_weights(name_or_path):
     """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a state dict in
-    this project's names and layouts (HF's Conv1D weights transposed to Linear's), every tensor checked."""
+    this project's names and GPT-2's layouts (GPT.from_pretrained transposes its Conv1D weights), every
+    tensor checked."""
     if os.path.isdir(name_or_path):
         config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
         files = weight_files(name_or_path)
@@ -74,7 +74,7 @@ def gpt2_weights(name_or_path):
             w = f.get_tensor(key)
             if not w.is_floating_point() or not torch.isfinite(w).all():
                 raise ConfigError(f"{path}: {key} is not finite floating-point numbers; {SAVE_AGAIN}")
-            weights["transformer." + name] = w.t() if name.endswith(CONV1D) else w
+            weights["transformer." + name] = w
     return dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
                 n_head=config["n_head"], n_embd=C), weights
 

@@ -25,7 +25,6 @@ import torch
 
 from support.configurator import ConfigError, open_regular, read_regular, refuse_unless_regular, why
 from support.dataloader import check_meta
-from model import GPT, GPTConfig
 
 RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,
 KEPT_CHECKPOINT = re.compile(r"ckpt_\d{6,}\.pt")  # with the copies save_every keeps
@@ -227,44 +226,16 @@ def few(names):
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-class SkipInit(torch.overrides.TorchFunctionMode):
-    """Skips torch.nn.init's fills: a model on the meta device has no values to fill, and torch's meta normal_
-    imports its compiler (torch._dynamo: 2 s of a sampler's start-up)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]  # the tensor to fill, as it is
-        return func(*args, **(kwargs or {}))
-
-
-def model_from_checkpoint(ckpt, **changes):
-    """The GPT a checkpoint holds (changes: settings that are not weights, like dropout), checked before use:
-    GPTConfig checks the settings, then the weights must be exactly the model's (every name, each shape, a
-    floating dtype, finite values). Shapes come from a model on the meta device, so a block_size of 10¹²
-    costs nothing; n_layer costs Python objects: it must match the weights' layers before a model is built."""
-    weights = ckpt["model"]
+def model_from_checkpoint(GPT, ckpt, **changes):
+    """GPT.from_checkpoint(ckpt, **changes) (the caller passes model.py's GPT), its errors in one line:
+    GPTConfig's checks of the settings, load_state_dict's of every weight's name and shape. Then the weights
+    must be finite."""
     try:
-        config = GPTConfig(**{**ckpt["model_args"], **changes})
-        if not all(isinstance(k, str) for k in weights):
-            raise TypeError("the weights' names must be strings")
-        layers = {k.split(".")[2] for k in weights if k.startswith("transformer.h.") and k.count(".") >= 3}
-        if len(layers) != config.n_layer:
-            raise ValueError(f"n_layer={config.n_layer!r} but the weights have {len(layers)} layers")
-        with torch.device("meta"), SkipInit():
-            shapes = {k: t.shape for k, t in GPT(config).state_dict().items()}
+        model = GPT.from_checkpoint(ckpt, **changes)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ConfigError(f"the checkpoint does not fit this code ({why(e)})") from None
-    missing, unexpected = sorted(set(shapes) - set(weights)), sorted(set(weights) - set(shapes))
-    wrong = [k for k in sorted(set(shapes) & set(weights)) if not (
-        isinstance(weights[k], torch.Tensor) and weights[k].layout == torch.strided
-        and weights[k].is_floating_point() and weights[k].shape == shapes[k])]
-    for what, names in (("lack", missing), ("have unexpected", unexpected),
-                        ("have the wrong shape or dtype in", wrong)):
-        if names:
-            raise ConfigError(f"the checkpoint does not fit this code (its weights {what} {few(names)}); "
-                              "it comes from another version or was edited")
-    model = GPT(config)
-    model.load_state_dict(weights)
+        message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
+        raise ConfigError(f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it "
+                          "comes from another version or was edited") from None
     not_finite = [k for k, t in model.state_dict().items() if not torch.isfinite(t).all()]
     if not_finite:
         raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "

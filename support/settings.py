@@ -1,12 +1,12 @@
 """
 train.py's settings beyond their defaults: each value's rule, the settings that only make sense together, what
 a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained model fixes.
+The model's settings are the fields of the GPTConfig that train.py passes in; GPTConfig checks their values.
 """
 import importlib.util
 import os
 from dataclasses import fields
 
-from model import GPTConfig
 from operators import OPS, all_controls
 from support.configurator import (SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of,
                                   optional, requires)
@@ -14,7 +14,6 @@ from support.hardware import device_rule
 from support.pretrained import PRETRAINED
 from support.rundir import load_checkpoint
 
-MODEL_KEYS = [f.name for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")]
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
 
@@ -24,24 +23,36 @@ init_from_rule = requires(lambda value: value in ("scratch", "resume", *PRETRAIN
 RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
              val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
              init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
-             batch_size=at_least(1), block_size=at_least(1), op=lambda key, value: one_of(*OPS)(key, value),
-             learning_rate=at_least(0.0), max_iters=at_least(1), weight_decay=at_least(0.0),
-             beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0),
-             warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)), min_lr=at_least(0.0),
-             op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool), seed=SEED,
-             dtype=one_of("auto", "float32", "bfloat16", "float16"))
+             batch_size=at_least(1), learning_rate=at_least(0.0), max_iters=at_least(1),
+             weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0),
+             grad_clip=at_least(0.0), warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)),
+             min_lr=at_least(0.0), op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool),
+             seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
 
-def defaults(train_defaults):
+def model_keys(config):  # GPTConfig's settings (the data sets vocab_size, the op's own controls)
+    return [f.name for f in fields(config) if f.name not in ("vocab_size", "controls")]
+
+
+def defaults(train_defaults, GPTConfig):
     """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops may come later)."""
-    model = {f.name: f.default for f in fields(GPTConfig) if f.name in MODEL_KEYS}
+    model = {f.name: f.default for f in fields(GPTConfig) if f.name in model_keys(GPTConfig)}
     return {**train_defaults, **model, **all_controls()}
 
 
-def parse(train_defaults, argv, script):
-    """(cfg, given): the settings, and the keys that a config file or the command line set."""
+def parse(train_defaults, argv, script, GPTConfig):
+    """(cfg, given): the settings, and the keys that a config file or the command line set. GPTConfig checks
+    the model's settings, here, before any file or device is touched (a checkpoint brings its own)."""
     help_from = [("", script), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
-    return configure(defaults(train_defaults), argv, RULES, help_from=help_from)
+    cfg, given = configure(defaults(train_defaults, GPTConfig), argv, RULES, help_from=help_from)
+    if not continues_checkpoint(cfg):
+        config, controls = model_settings(cfg, given, GPTConfig)
+        GPTConfig(**config, controls=controls)
+    return cfg, given
+
+
+def continues_checkpoint(cfg):  # out_dir's checkpoint is resumed, or evaluated (eval_only, no other model)
+    return cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")
 
 
 def check_schedule(cfg, world_size):
@@ -57,14 +68,18 @@ def check_schedule(cfg, world_size):
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
 
 
-def resume_from_checkpoint(cfg, given, train_defaults):
+def resume_from_checkpoint(cfg, given, everything):
     """(ckpt, changed): the checkpoint in out_dir when this run continues (init_from=resume) or evaluates it
-    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed."""
-    if not (cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")):
+    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed.
+    everything: defaults() of every setting."""
+    if not continues_checkpoint(cfg):
         return None, []
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
     rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
-    everything, changed = defaults(train_defaults), []
+    changed = []
+    if ckpt["config"].get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is default
+        ckpt["config"]["impl"] = cfg.impl = "sdpa"
+        changed.append("impl='sdpa' (was 'auto', which no longer exists)")
     for k, v in ckpt["config"].items():
         if k not in vars(cfg) or k in ("out_dir", "eval_only"):
             continue
@@ -90,17 +105,19 @@ def check_same_data(ckpt, meta, dataset):
                           f"tokenizer or vocabulary); {fix}")
 
 
-def model_settings(cfg, given):
+def model_settings(cfg, given, GPTConfig):
     """(GPTConfig's settings, the op's controls) as cfg sets them: the chosen op's controls, and any given."""
-    controls = {k: getattr(cfg, k) for k in all_controls() if k in OPS[cfg.op].controls or k in given}
-    return {k: getattr(cfg, k) for k in MODEL_KEYS}, controls
+    chosen = OPS[cfg.op].controls if cfg.op in OPS else {}  # an unknown op: GPTConfig names it
+    controls = {k: getattr(cfg, k) for k in all_controls() if k in chosen or k in given}
+    return {k: getattr(cfg, k) for k in model_keys(GPTConfig)}, controls
 
 
 def adopt_model_settings(cfg, given, config, source):
     """A checkpoint or GPT-2 fixes the architecture: a model setting given explicitly that differs from it is
     refused, never silently ignored; cfg is then set to what runs (config: the model's GPTConfig)."""
-    built = {**{k: getattr(config, k) for k in MODEL_KEYS}, **config.controls}
-    for k in sorted(given & (set(MODEL_KEYS) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
+    keys = model_keys(config)
+    built = {**{k: getattr(config, k) for k in keys}, **config.controls}
+    for k in sorted(given & (set(keys) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
         if k not in built:
             raise ConfigError(f"{k} is not a control of the {source}'s op={config.op!r}; drop it")
         if getattr(cfg, k) != built[k]:

@@ -274,16 +274,16 @@ def test_sample_op_settings_need_gpt2_weights(args, words):
 
 
 def test_checking_a_checkpoint_does_not_start_the_compiler(tmp_path):
-    """sample.py's start-up: the checkpoint's checks read shapes from a model on the meta device, whose
-    weight fills are skipped; torch's meta normal_ would import torch._dynamo (about 2 s of CPU)."""
+    """sample.py's start-up: building the model and checking the checkpoint's weights against it never
+    imports torch._dynamo (about 2 s of CPU)."""
     import subprocess
     import sys
     from helpers import ROOT
     config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=4, n_embd=64)
     torch.save({"model": GPT(config).state_dict(), "model_args": vars(config)}, tmp_path / "ckpt.pt")
-    code = ("import sys, torch; from support.rundir import model_from_checkpoint; "
+    code = ("import sys, torch; from model import GPT; from support.rundir import model_from_checkpoint; "
             f"ckpt = torch.load({str(tmp_path / 'ckpt.pt')!r}, weights_only=True); "
-            "model_from_checkpoint(ckpt); print('torch._dynamo' in sys.modules)")
+            "model_from_checkpoint(GPT, ckpt); print('torch._dynamo' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"

@@ -22,7 +22,8 @@ from support import settings
 from support.configurator import comments
 
 SCRIPTS = {  # script -> (its settings, how it is asked for --help)
-    "train": (lambda: settings.defaults(train.DEFAULTS), lambda: train.parse_config(["--help"])),
+    "train": (lambda: settings.defaults(train.DEFAULTS, train.GPTConfig),
+              lambda: train.parse_config(["--help"])),
     "sample": (lambda: sample.DEFAULTS, lambda: sample.main(["--help"])),
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),
     "corridor": (lambda: corridor.OPTIONS, lambda: corridor.main(["--help"])),

@@ -550,6 +550,60 @@ def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
     assert [r["iter"] for r in read_log("out/nan", "eval")] == [0, 2]  # the NaN evaluation is in the log
 
 
+# --- the fused kernel: asked for with impl=triton, checked against float64 before the first step ------------
+
+
+def test_a_run_with_the_fused_kernel_checks_it_before_its_first_step(workdir, capsys):
+    """In the Triton interpreter on a CPU (conftest.py), as a user's GPU runs it: one line says the check
+    passed, before any training step; then the run trains."""
+    pytest.importorskip("triton")
+    run("--impl=triton", "--max_iters=2", "--eval_interval=2", "--out_dir=out/k")
+    out = capsys.readouterr().out
+    assert out.index("kernel check: ") < out.index("iter 1:")
+    assert "float32, head size 16" in out.split("kernel check: ")[1].splitlines()[0]
+    assert [r["iter"] for r in read_log("out/k", "train")] == [1, 2]
+
+
+def test_a_kernel_one_percent_off_stops_the_run_before_anything_is_written(workdir, monkeypatch):
+    """A planted 1% error in the kernel's forward output: one line naming device, dtype and head size, no
+    traceback, no step, no run directory."""
+    kernel = pytest.importorskip("kernel")
+    right = kernel.mix_attention
+    monkeypatch.setattr(kernel, "mix_attention", lambda *args, **kw: 1.01 * right(*args, **kw))
+    steps = []
+    monkeypatch.setattr(train, "log_train", lambda *args: steps.append(args))
+    with pytest.raises(SystemExit) as e:
+        train.main(TINY + ["--impl=triton", "--max_iters=2", "--out_dir=out/k"])
+    line = str(e.value.code)
+    assert line.startswith("error: ") and "\n" not in line and "cpu, float32, head size 16" in line, line
+    assert steps == [] and not os.path.exists("out/k")
+
+
+def test_a_checkpoint_saved_with_impl_auto_resumes_as_sdpa_and_says_so(workdir, capsys):
+    """impl='auto' is gone: a run saved with it continues with impl='sdpa' (the default), and prints that."""
+    run("--max_iters=2", "--eval_interval=2", "--out_dir=out/old")
+    ckpt = torch.load("out/old/ckpt.pt", weights_only=True)
+    ckpt["config"]["impl"] = ckpt["model_args"]["impl"] = "auto"
+    torch.save(ckpt, "out/old/ckpt.pt")
+    capsys.readouterr()
+    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/old"]))
+    assert ("resumed with settings changed from the checkpoint's: impl='sdpa' (was 'auto', which no longer "
+            "exists)") in capsys.readouterr().out
+    assert json.load(open("out/old/config.json"))["impl"] == "sdpa"
+
+
+@pytest.mark.slow
+def test_cpu_compile_compiles_once(workdir):
+    """--compile=True on a CPU: the warm-up step and the loop's batches have one layout, so torch.compile
+    never recompiles (the loader's batches were strided views of one buffer)."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--compile=True",
+                        "--max_iters=3", "--eval_interval=3", "--out_dir=out/c"],
+                       capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "TORCH_LOGS": "recompiles"})
+    assert p.returncode == 0, p.stderr
+    assert "iter 3:" in p.stdout and "ecompil" not in p.stderr, p.stderr
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_match_one(workdir):
     """torchrun, gloo, 2 CPU processes: a step and an evaluation equal one process's, same global batch."""
