@@ -111,9 +111,8 @@ def read_json(path):
         return json.loads(read_regular(path, JSON_BYTES).decode("utf-8"))
     except ConfigError as e:
         raise DataError(f"{e}; prepare the dataset again") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(f"{path} is not valid JSON ({e}); prepare the dataset again") from None
 
 
 def check_meta(meta, where, remedy="prepare the dataset again"):

@@ -159,7 +159,7 @@ def holds_a_run(out_dir):
 def before_first_checkpoint(line):
     try:
         record = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply
+    except ValueError:  # not JSON
         return False
     event = record.get("event") if isinstance(record, dict) else None
     return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
@@ -317,7 +317,7 @@ def trim_log(path, iter_num):
             record = json.loads(line)
             if record["iter"] <= iter_num and record["event"] != "done":
                 keep.append(line.rstrip(b"\n") + b"\n")
-        except (ValueError, TypeError, KeyError, RecursionError):  # not JSON or UTF-8, too deep, not a record
+        except (ValueError, TypeError, KeyError):  # not JSON or UTF-8, not a record
             if n == len(lines):
                 break  # a line cut off by a crash
             raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "
