@@ -13,7 +13,6 @@ evaluates on ValSet, the first val_tokens tokens of the val split, read in order
 import glob
 import json
 import os
-import re
 
 import numpy as np
 import torch
@@ -123,11 +122,10 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
         chars = meta.get("chars")
         ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
-        ok = ok and not re.search(r"[\ud800-\udfff]", chars)  # a lone surrogate (JSON: \ud800) is not UTF-8
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
-                        "integer in 1..65536, at most 256 for byte; chars, UTF-8 text, for char): it was "
+                        "integer in 1..65536, at most 256 for byte; chars, one per token, for char): it was "
                         f"edited or comes from elsewhere; {remedy}")
     tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
     counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
