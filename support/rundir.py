@@ -106,9 +106,6 @@ def check_run_dir(out_dir, resuming):
     without a log.jsonl or a lock naming no process is someone else's; a resumed run's are left alone."""
     for name in RUN_FILES:
         refuse_unless_regular(os.path.join(out_dir, name))
-    lock = os.path.join(out_dir, "lock")  # the one file written in place, never replaced: the run's alone
-    if os.path.lexists(lock) and os.lstat(lock).st_nlink > 1:
-        raise ConfigError(f"{lock} has other hard links, so writing it would change another file; remove it")
     if resuming or holds_a_run(out_dir):  # a run that a new one must not overwrite: train.py says so
         return
     names = os.listdir(out_dir)

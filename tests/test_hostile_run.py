@@ -67,15 +67,6 @@ def test_a_link_named_lock_in_a_new_run_directory_is_refused(workdir):
     assert open("victim").read() == "precious"
 
 
-@pytest.mark.slow
-def test_a_lock_hard_linked_to_another_file_is_refused(finished_run):
-    open("victim", "w").write("precious")
-    os.remove(f"{finished_run}/lock")
-    os.link("victim", f"{finished_run}/lock")  # the lock is written in place: through a second name, too
-    assert f"{finished_run}/lock has other hard links" in train_error(f"--out_dir={finished_run}", *RESUME)
-    assert open("victim").read() == "precious"
-
-
 @pytest.mark.parametrize("name", ["ckpt.pt.tmp", "config.json.tmp", "log.jsonl.tmp"])
 @pytest.mark.slow
 def test_links_planted_where_temporaries_once_were_are_never_written_through(finished_run, name):
