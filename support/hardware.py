@@ -13,32 +13,11 @@ import torch
 from support.configurator import ConfigError, why
 
 
-USE_TORCHRUN = "start DDP runs with torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE (or unset RANK)"
-
-
 def ddp_env():
     """(rank, local_rank, world_size) from the environment torchrun sets, or (0, None, 1) outside torchrun."""
     if "RANK" not in os.environ:
         return 0, None, 1
-    values = []
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        text = os.environ.get(key)
-        if text is None:
-            raise ConfigError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
-        if not text.strip().isdigit():
-            raise ConfigError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
-        values.append(int(text))
-    rank, local_rank, world_size = values
-    port = os.environ.get("MASTER_PORT", "0")
-    if not (port.strip().isdigit() and int(port) < 65536):
-        raise ConfigError(f"MASTER_PORT={port!r} is not a port number (0-65535); {USE_TORCHRUN}")
-    wait = os.environ.get("DDP_START_WAIT", "300")
-    if not (wait.strip().isdigit() and int(wait) > 0):
-        raise ConfigError(f"DDP_START_WAIT={wait!r} is not a whole number of seconds ≥ 1; unset it for 300")
-    if not local_rank <= rank < world_size:
-        raise ConfigError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
-                          f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
-    return rank, local_rank, world_size
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 def exit_status(e):

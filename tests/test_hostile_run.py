@@ -301,23 +301,12 @@ def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
 # --- the torchrun environment -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"RANK": "0"}, "error: RANK is set but LOCAL_RANK is not; start DDP runs with torchrun"),
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "0"}, "error: RANK=0, LOCAL_RANK=0, WORLD_SIZE=0: a "),
-    ({"RANK": "abc", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}, "error: rank abc: RANK='abc' is not a whole "),
-    ({"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "1"},
-     "error: rank 1: RANK=1, LOCAL_RANK=0, WORLD_SIZE=1: a process needs LOCAL_RANK ≤ RANK < WORLD_SIZE"),
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "abc"},
-     "error: MASTER_PORT='abc' is not a port number"),
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
-      "GLOO_SOCKET_IFNAME": "no_such_interface0"}, "error: the DDP process group could not start ("),
-    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DDP_START_WAIT": "soon"},
-     "error: DDP_START_WAIT='soon' is not a whole number of seconds"),
-])
-def test_a_torchrun_environment_set_by_hand_gets_one_line(workdir, monkeypatch, env, words):
+def test_a_process_group_that_cannot_start_is_one_line(workdir, monkeypatch):
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
+           "GLOO_SOCKET_IFNAME": "no_such_interface0"}  # a network interface this machine lacks
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert train_error().startswith(words)
+    assert train_error().startswith("error: the DDP process group could not start (")
 
 
 def test_a_failure_of_one_rank_is_said_by_that_rank(workdir, monkeypatch):
