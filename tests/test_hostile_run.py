@@ -1,6 +1,6 @@
 """
 Run directories and checkpoints handed to us by someone else: links and special files in a run directory, a
-folder that is not a run's, checkpoints built to crash or exhaust memory, a torchrun environment set by hand,
+folder that is not a run's, checkpoints built to crash or exhaust memory, a DDP group that cannot start,
 and settings given on resume. Each must give one line and touch nothing outside the run directory.
 
     python -m pytest -q tests/test_hostile_run.py
@@ -302,8 +302,8 @@ def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
 
 
 def test_a_process_group_that_cannot_start_is_one_line(workdir, monkeypatch):
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
-           "GLOO_SOCKET_IFNAME": "no_such_interface0"}  # a network interface this machine lacks
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29533", "GLOO_SOCKET_IFNAME": "no_such_interface0"}  # no interface of this machine
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert train_error().startswith("error: the DDP process group could not start (")
@@ -318,27 +318,6 @@ def test_a_failure_of_one_rank_is_said_by_that_rank(workdir, monkeypatch):
     assert train_error("--gradient_accumulation_steps=2") == "error: rank 1: rank 1's disk is gone"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.parametrize("rank, words", [
-    ("0", "error: rank 1 of WORLD_SIZE=2 did not start within 2 s; start it"),
-    ("1", "error: rank 1: rank 0 did not start within 2 s: nothing listens at MASTER_ADDR=127.0.0.1"),
-])
-def test_a_process_that_never_starts_is_named_after_a_bounded_wait(workdir, rank, words):
-    """RANK=0 WORLD_SIZE=2 with the other process never started (a node that failed to start): one line
-    after DDP_START_WAIT seconds, naming the missing rank, where torch alone waits 30 minutes silently."""
-    env = {**os.environ, "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "DDP_START_WAIT": "2"}
-    cmd = [sys.executable, os.path.join(ROOT, "train.py"), *QUICK, "--gradient_accumulation_steps=2"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
-    assert p.returncode == 1 and p.stderr.startswith(words) and p.stderr.count("\n") == 1, p.stderr
-    assert not os.path.exists("out")
-
-
 def test_a_master_port_in_use_is_one_line(workdir, monkeypatch):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -347,8 +326,8 @@ def test_a_master_port_in_use_is_one_line(workdir, monkeypatch):
                "MASTER_PORT": str(taken.getsockname()[1])}
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        assert "could not start (DistNetworkError: " in train_error("--gradient_accumulation_steps=2")
-        assert "choose a free MASTER_PORT" in train_error("--gradient_accumulation_steps=2")
+        line = train_error("--gradient_accumulation_steps=2")
+        assert "could not start (DistNetworkError: " in line and "choose a free MASTER_PORT" in line
 
 
 @pytest.mark.slow
