@@ -18,7 +18,6 @@ import os
 import re
 import stat
 import subprocess
-import zipfile
 
 import filelock
 import torch
@@ -174,28 +173,11 @@ CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": 
               "tokens": int, "loader": dict, "meta": dict, "config": dict}
 
 
-def check_zip(f, path):
-    """Refuse, before torch.load reads it, anything but the zip of stored records torch.save writes: records
-    declaring more bytes than the file are compressed (0.7 MB can inflate to 512 MiB), and torch's older,
-    pre-zip format allocates whatever sizes its pickle declares."""
-    try:
-        declared = sum(info.file_size for info in zipfile.ZipFile(f).infolist())
-    except Exception as e:  # zipfile.BadZipFile, and whatever a mangled directory raises
-        raise ConfigError(f"checkpoint {path} cannot be read safely ({type(e).__name__}): it is not the "
-                          "zip archive torch.save writes: it is corrupt or not a checkpoint") from None
-    size = os.fstat(f.fileno()).st_size
-    if declared > size:
-        raise ConfigError(f"checkpoint {path} declares {declared:,} bytes of records in a file of {size:,}: "
-                          "it would inflate when loaded (torch.save never writes that); not read")
-    f.seek(0)
-
-
 def load_checkpoint(path):
     if not os.path.lexists(path) or stat.S_ISDIR(os.lstat(path).st_mode):
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     with open_regular(path) as f:
-        check_zip(f, path)
         try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
             ckpt = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:

@@ -628,7 +628,7 @@ GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"not a checkpoint", "cannot be read safely (BadZipFile): it is not the zip archive torch.save writes"),
+    (b"not a checkpoint", "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "),
     ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
     ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
     ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),
