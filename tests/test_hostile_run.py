@@ -267,16 +267,6 @@ def test_sample_settings_that_would_overflow(finished_run, arg, words):
 
 
 @pytest.mark.slow
-def test_a_prompt_file_that_never_ends_is_refused(finished_run):
-    os.mkfifo("prompt")
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={finished_run}",
-                        "--start=FILE:prompt"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1, p.stderr[-2000:]
-    assert p.stderr == "error: --start=FILE:prompt: not a regular file (a FIFO or a device); give a text " \
-                       "file\n"
-
-
-@pytest.mark.slow
 def test_model_demo_refuses_a_gamma_its_op_lacks_and_has_help(workdir):
     demo = [sys.executable, os.path.join(ROOT, "model.py")]
     p = subprocess.run(demo + ["--op=attention", "--gamma=-0.9"], capture_output=True, text=True)
