@@ -64,8 +64,6 @@ def load_run(path):
         raise ValueError(f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
-    except RecursionError:
-        raise ValueError(f"{cfg_path}: nested too deep to be the settings train.py writes") from None
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path}: expected a JSON object")
     if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
@@ -84,12 +82,12 @@ def load_run(path):
         where = f"{log_path}:{lineno}"
         try:
             rec = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if lineno == lines[-1][0]:  # a run killed mid-write leaves half a line: keep everything before it
                 warnings.append(f"{where}: last line is cut off, skipped it")
                 continue
-            what = {UnicodeDecodeError: "not UTF-8 text", RecursionError: "JSON nested too deep"}.get(type(e))
-            raise ValueError(f"{where}: {what or 'invalid JSON'} in the middle of the log") from None
+            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON"
+            raise ValueError(f"{where}: {what} in the middle of the log") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{where}: expected a JSON object")
         if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
@@ -556,7 +554,7 @@ def load_csv(path):
                     "gamma": gamma, "delta": [[math.nan] * len(layer) for layer in gamma]}
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
-        except (ValueError, TypeError, AttributeError, RecursionError) as e:  # Recursion: JSON nested deep
+        except (ValueError, TypeError, AttributeError) as e:
             what = f"not a row that corridor.py --csv writes ({e})"
             raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]

@@ -45,27 +45,19 @@ def temperature_rule(key, value):
 
 RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
              top_k=optional(int, at_least(1)), device=device_rule)
-PROMPT_CHARS = 1 << 24  # the longest prompt file read
 
 
 def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
     path = start[len("FILE:"):]
-    # a FIFO or a device would hang or never end
-    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
-        raise ConfigError(f"--start=FILE:{path}: not a regular file (a FIFO or a device); give a text file")
     try:
         with open(path, encoding="utf-8") as f:
-            prompt = f.read(PROMPT_CHARS + 1)  # bounded: a file of gigabytes is not read into memory
+            return f.read()
     except UnicodeDecodeError:
         raise ConfigError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
     except OSError as e:
         raise ConfigError(f"--start=FILE:{path}: {e.strerror.lower()}") from None
-    if len(prompt) > PROMPT_CHARS:
-        raise ConfigError(f"--start=FILE:{path}: longer than {PROMPT_CHARS:,} characters; give a shorter "
-                          "prompt (the model sees only its last block_size tokens)")
-    return prompt
 
 
 def sample(cfg, given=frozenset()):

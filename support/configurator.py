@@ -106,8 +106,8 @@ def check(key, value, defaults, rules):
 def parse_value(text, default):
     try:
         value = literal_eval(text)
-    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
-        return text  # a bare word (--op=mix), or not a value: {[1]: 2}, or nested too deep
+    except (SyntaxError, ValueError, TypeError):
+        return text  # a bare word (--op=mix), or not a value: {[1]: 2}
     return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024: text
 
 

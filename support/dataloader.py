@@ -13,7 +13,6 @@ evaluates on ValSet, the first val_tokens tokens of the val split, read in order
 import glob
 import json
 import os
-import re
 
 import numpy as np
 import torch
@@ -111,9 +110,8 @@ def read_json(path):
         return json.loads(read_regular(path, JSON_BYTES).decode("utf-8"))
     except ConfigError as e:
         raise DataError(f"{e}; prepare the dataset again") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DataError(f"{path} is not valid JSON ({what}); prepare the dataset again") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(f"{path} is not valid JSON ({e}); prepare the dataset again") from None
 
 
 def check_meta(meta, where, remedy="prepare the dataset again"):
@@ -124,11 +122,10 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
         chars = meta.get("chars")
         ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
-        ok = ok and not re.search(r"[\ud800-\udfff]", chars)  # a lone surrogate (JSON: \ud800) is not UTF-8
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
-                        "integer in 1..65536, at most 256 for byte; chars, UTF-8 text, for char): it was "
+                        "integer in 1..65536, at most 256 for byte; chars, one per token, for char): it was "
                         f"edited or comes from elsewhere; {remedy}")
     tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
     counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \

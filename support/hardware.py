@@ -4,41 +4,18 @@ DDP run, its device, dtype and autocast context, the DDP group, and CPU memory.
 """
 import ctypes
 import os
-import socket
-import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 
 import torch
 
 from support.configurator import ConfigError, why
 
 
-USE_TORCHRUN = "start DDP runs with torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE (or unset RANK)"
-
-
 def ddp_env():
     """(rank, local_rank, world_size) from the environment torchrun sets, or (0, None, 1) outside torchrun."""
     if "RANK" not in os.environ:
         return 0, None, 1
-    values = []
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        text = os.environ.get(key)
-        if text is None:
-            raise ConfigError(f"RANK is set but {key} is not; {USE_TORCHRUN}")
-        if not text.strip().isdigit():
-            raise ConfigError(f"{key}={text!r} is not a whole number; {USE_TORCHRUN}")
-        values.append(int(text))
-    rank, local_rank, world_size = values
-    port = os.environ.get("MASTER_PORT", "0")
-    if not (port.strip().isdigit() and int(port) < 65536):
-        raise ConfigError(f"MASTER_PORT={port!r} is not a port number (0-65535); {USE_TORCHRUN}")
-    wait = os.environ.get("DDP_START_WAIT", "300")
-    if not (wait.strip().isdigit() and int(wait) > 0):
-        raise ConfigError(f"DDP_START_WAIT={wait!r} is not a whole number of seconds ≥ 1; unset it for 300")
-    if not local_rank <= rank < world_size:
-        raise ConfigError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size}: a process needs "
-                          f"LOCAL_RANK ≤ RANK < WORLD_SIZE; {USE_TORCHRUN}")
-    return rank, local_rank, world_size
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 def exit_status(e):
@@ -89,42 +66,14 @@ def pick_device_and_dtype(cfg, local_rank):
 
 
 def join_group(backend, rank, world_size):
-    """init_process_group, with a bounded start: every process checks in at rank 0's store (torchrun's own
-    under torchrun), and one not started after DDP_START_WAIT seconds is named, where torch would wait 30
-    minutes in silence. Collectives keep torch's timeout. We poll: torch's time-outs print C++ traces."""
-    from torch.distributed import PrefixStore, TCPStore, init_process_group
-    from torch.distributed.constants import default_pg_timeout
-    wait = int(os.environ.get("DDP_START_WAIT", "300"))
-    deadline = time.monotonic() + wait
-    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
-    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    while not hosts_store:
-        with suppress(OSError), socket.create_connection((host, port), timeout=1):
-            break  # rank 0's store listens
-        if time.monotonic() > deadline:
-            raise ConfigError(f"rank 0 did not start within {wait} s: nothing listens at MASTER_ADDR={host}, "
-                              f"MASTER_PORT={port}; start it there, or check the address")
-        time.sleep(1)
+    """init_process_group with env:// rendezvous, as nanoGPT starts it: rank 0's address and port come from
+    the variables torchrun sets (which also reports a node that never starts). Its failure is one line."""
     try:
-        store = TCPStore(host, port, world_size, is_master=hosts_store, wait_for_workers=False)
+        torch.distributed.init_process_group(backend, rank=rank, world_size=world_size)
     except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
-        raise ConfigError(f"the DDP store at MASTER_ADDR={host}, MASTER_PORT={port} could not start "
-                          f"({why(e)}); check the address, or choose a free MASTER_PORT") from None
-    started = [f"nanocorridor/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/started/{r}"
-               for r in range(world_size)]  # one set of keys a torchrun attempt
-    store.set(started[rank], "")
-    while not store.check(started):
-        if time.monotonic() > deadline:
-            missing = ", ".join(str(r) for r in range(world_size) if not store.check([started[r]]))
-            raise ConfigError(f"rank {missing} of WORLD_SIZE={world_size} did not start within {wait} s; "
-                              "start it (every node runs the same torchrun command), or raise DDP_START_WAIT")
-        time.sleep(0.2)
-    store.set_timeout(default_pg_timeout)
-    try:
-        init_process_group(backend, store=PrefixStore("default_pg", store), rank=rank, world_size=world_size)
-    except (RuntimeError, ValueError, OSError) as e:
-        raise ConfigError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, "
-                          "MASTER_PORT and, on CPUs, GLOO_SOCKET_IFNAME (a network interface here)") from None
+        raise ConfigError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, choose a "
+                          "free MASTER_PORT and, on CPUs, check GLOO_SOCKET_IFNAME (a network interface "
+                          "here)") from None
 
 
 def start_process(cfg, rank, local_rank, world_size):

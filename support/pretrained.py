@@ -98,7 +98,7 @@ def read_config(path, source):
     text = read_regular(path, 1 << 20)  # a config.json is a few kB
     try:
         config = json.loads(text)
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply
+    except ValueError as e:  # not JSON, not UTF-8
         raise ConfigError(f"{path} is not JSON ({type(e).__name__}); {SAVE_AGAIN}") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
     if kind != "gpt2":
@@ -125,7 +125,7 @@ def weight_files(folder):
         text = read_regular(index, 1 << 24)
         try:
             names = sorted(set(json.loads(text)["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map); "
                               f"{SAVE_AGAIN}") from None
         if not all(isinstance(n, str) and os.path.basename(n) == n and n.endswith(".safetensors")

@@ -18,7 +18,6 @@ import os
 import re
 import stat
 import subprocess
-import zipfile
 
 import filelock
 import torch
@@ -105,9 +104,6 @@ def check_run_dir(out_dir, resuming):
     without a log.jsonl or a lock naming no process is someone else's; a resumed run's are left alone."""
     for name in RUN_FILES:
         refuse_unless_regular(os.path.join(out_dir, name))
-    lock = os.path.join(out_dir, "lock")  # the one file written in place, never replaced: the run's alone
-    if os.path.lexists(lock) and os.lstat(lock).st_nlink > 1:
-        raise ConfigError(f"{lock} has other hard links, so writing it would change another file; remove it")
     if resuming or holds_a_run(out_dir):  # a run that a new one must not overwrite: train.py says so
         return
     names = os.listdir(out_dir)
@@ -158,7 +154,7 @@ def holds_a_run(out_dir):
 def before_first_checkpoint(line):
     try:
         record = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply
+    except ValueError:  # not JSON
         return False
     event = record.get("event") if isinstance(record, dict) else None
     return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
@@ -176,28 +172,11 @@ CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": 
               "tokens": int, "loader": dict, "meta": dict, "config": dict}
 
 
-def check_zip(f, path):
-    """Refuse, before torch.load reads it, anything but the zip of stored records torch.save writes: records
-    declaring more bytes than the file are compressed (0.7 MB can inflate to 512 MiB), and torch's older,
-    pre-zip format allocates whatever sizes its pickle declares."""
-    try:
-        declared = sum(info.file_size for info in zipfile.ZipFile(f).infolist())
-    except Exception as e:  # zipfile.BadZipFile, and whatever a mangled directory raises
-        raise ConfigError(f"checkpoint {path} cannot be read safely ({type(e).__name__}): it is not the "
-                          "zip archive torch.save writes: it is corrupt or not a checkpoint") from None
-    size = os.fstat(f.fileno()).st_size
-    if declared > size:
-        raise ConfigError(f"checkpoint {path} declares {declared:,} bytes of records in a file of {size:,}: "
-                          "it would inflate when loaded (torch.save never writes that); not read")
-    f.seek(0)
-
-
 def load_checkpoint(path):
     if not os.path.lexists(path) or stat.S_ISDIR(os.lstat(path).st_mode):
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     with open_regular(path) as f:
-        check_zip(f, path)
         try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
             ckpt = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:
@@ -288,7 +267,7 @@ def trim_log(path, iter_num):
             record = json.loads(line)
             if record["iter"] <= iter_num and record["event"] != "done":
                 keep.append(line.rstrip(b"\n") + b"\n")
-        except (ValueError, TypeError, KeyError, RecursionError):  # not JSON or UTF-8, too deep, not a record
+        except (ValueError, TypeError, KeyError):  # not JSON or UTF-8, not a record
             if n == len(lines):
                 break  # a line cut off by a crash
             raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "

@@ -213,10 +213,9 @@ def test_the_command_line_beats_config_files_wherever_it_stands(workdir):
     assert given == {"n_layer", "n_head", "batch_size", "wandb_run_name", "lr_decay_iters", "op"}
 
 
-@pytest.mark.parametrize("text", ["{[1]: 2}", "-" * 100_000 + "1"], ids=["unhashable key", "nested too deep"])
-def test_a_value_python_cannot_evaluate_is_text(text):
-    c, _ = train.parse_config([f"--wandb_run_name={text}"])
-    assert c.wandb_run_name == text
+def test_a_value_python_cannot_evaluate_is_text():
+    c, _ = train.parse_config(["--wandb_run_name={[1]: 2}"])  # an unhashable key
+    assert c.wandb_run_name == "{[1]: 2}"
 
 
 def test_a_value_may_hold_an_equals_sign():
@@ -503,7 +502,6 @@ def test_ctrl_c_in_the_middle_of_a_write_leaves_the_old_file_and_no_temporary(wo
      True),
     ('"start"\n', False, True),  # JSON, but no record train.py writes
     ("[1, 2]\n", False, True),
-    ("[" * 100_000 + "\n", False, True),  # nested too deeply for the JSON parser: not ours either
     (None, True, True),  # a checkpoint alone is a run
 ])
 def test_what_counts_as_a_run(workdir, log, ckpt, holds):
@@ -527,7 +525,7 @@ def test_trim_log_keeps_what_the_checkpoint_saw(workdir):
     open("log.jsonl", "w").write(json.dumps(records[0]) + "\n" + json.dumps(records[2]))
     rundir.trim_log("log.jsonl", 2)
     assert open("log.jsonl").read() == json.dumps(records[0]) + "\n" + json.dumps(records[2]) + "\n"
-    for bad in ("not json", "[" * 100_000, '"a string"'):  # a line in the middle that train.py never wrote
+    for bad in ("not json", '"a string"'):  # a line in the middle that train.py never wrote
         open("log.jsonl", "w").write(json.dumps(records[0]) + "\n" + bad + "\n" + json.dumps(records[2]))
         with pytest.raises(ConfigError, match=r"^log.jsonl: line 2 is not a record train.py wrote; remove"):
             rundir.trim_log("log.jsonl", 2)
@@ -630,7 +628,7 @@ GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val
 
 
 @pytest.mark.parametrize("content, words", [
-    (b"not a checkpoint", "cannot be read safely (BadZipFile): it is not the zip archive torch.save writes"),
+    (b"not a checkpoint", "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "),
     ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
     ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
     ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),
@@ -692,7 +690,6 @@ def test_dataset_without_meta_json(workdir):
     (["--start=FILE:missing.txt"], "--start=FILE:missing.txt: no such file or directory"),
     (["--start=FILE:."], "--start=FILE:.: is a directory"),
     (["--start=FILE:latin1.txt"], "--start=FILE:latin1.txt: the file is not UTF-8 text"),
-    (["--start=FILE:huge.txt"], "--start=FILE:huge.txt: longer than 16,777,216 characters; give a shorter"),
     (["--start="], "the prompt encodes to no tokens"),
     (["--start=€"], "characters '€' are not in this dataset's vocabulary"),  # a DataError
     (["--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
@@ -702,8 +699,6 @@ def test_dataset_without_meta_json(workdir):
 @pytest.mark.slow
 def test_sample_bad_inputs(finished_run, args, words):
     open("latin1.txt", "wb").write("café".encode("latin-1"))
-    with open("huge.txt", "w") as f:  # a prompt is read at most sample.PROMPT_CHARS characters far
-        f.truncate(sample.PROMPT_CHARS + 1)
     assert words in one_line_error(sample.main, [f"--out_dir={finished_run}", *args])
 
 

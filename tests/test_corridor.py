@@ -601,13 +601,6 @@ def test_a_csv_gamma_of_ragged_shape_is_one_line(tmp_path, capsys, no_figures, g
     assert f"{path}:3: " in line and "final_gamma" in line and "--csv=PATH" in line
 
 
-def test_a_csv_config_cell_nested_too_deep_is_one_line(tmp_path, capsys, no_figures):
-    path = written_table(tmp_path)
-    set_cell(path, 0, "n_layer", "[" * 100_000)  # json.loads: RecursionError, not a ValueError
-    line = error_line(capsys, [str(path)])
-    assert f"{path}:2: " in line and "--csv=PATH" in line
-
-
 def test_one_run_per_setting_says_why_there_are_no_statistics(tmp_path, capsys, no_figures):
     """Run directories or a table of one run per setting, or a table of one run: one line on why there are
     no statistics, not silence. Two seeds of a setting: the seed groups, and not that line."""

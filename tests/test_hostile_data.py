@@ -277,15 +277,6 @@ def test_meta_json_tokens_of_the_wrong_type_are_one_line(tmp_path, tokens):
     assert one_line(excinfo).startswith(f"{tmp_path / 'meta.json'}: tokens must map train and val to their ")
 
 
-@pytest.mark.parametrize("depth", [10_000, 1_000_000])
-def test_meta_json_nested_very_deep_is_one_line(tmp_path, depth):
-    (tmp_path / "meta.json").write_text("[" * depth + "]" * depth)
-    with pytest.raises(DataError) as excinfo:
-        dl.load_meta(str(tmp_path))
-    meta = tmp_path / "meta.json"
-    assert one_line(excinfo) == f"{meta} is not valid JSON (nested too deeply); prepare the dataset again"
-
-
 def counting_loader(tmp_path):
     dl.write_shard(str(tmp_path / "x_train_000001.bin"), list(range(200)))
     return ShardLoader(str(tmp_path), "train", batch_size=2, block_size=10)  # 19 windows
