@@ -8,13 +8,13 @@ writing the output tile. The backward is flash-attention-2: recompute P tile by 
 
     out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
 
-On a GPU the caller passes the launch configs: support/kernel_check.py checks each against float64 there and
-times it against SDPA. Outputs and gradients are (B, H, T, D) views of (B, T, H, D) memory, where the model
-re-assembles the heads. Like SDPA's flash backward, dq is summed with fp32 atomics: its last bits vary.
-This file imports only torch and triton; its checks: python -m support.kernel_check
+The launch configs come from a fixed table per GPU generation (sm_80 or newer; older GPUs are refused), and
+on a CPU, under TRITON_INTERPRET=1, from the interpreter's small ones. Outputs and gradients are (B, H, T, D)
+views of (B, T, H, D) memory, where the model re-assembles the heads. Like SDPA's flash backward, dq is summed
+with fp32 atomics: its last bits vary. This file imports only torch and triton. Its checks, against float64
+in every launch config this machine may use: python -m support.kernel_check
 """
 import contextlib
-import itertools
 import math
 import os
 
@@ -178,40 +178,39 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
 # -----------------------------------------------------------------------------
 # PyTorch side: launch configs, custom ops (torch.compile sees one opaque op), input checks.
 
-# Every launch config (BLOCK_M, BLOCK_N, num_warps, num_stages) a GPU may get, by (kernel, Hopper?, D ≤ 64).
-# In bf16 and fp16 each fits shared memory without register spills on sm_90 and sm_80 under triton 3.6 and
-# 3.9 (test_kernel.py compiles them); fp32, for checks not speed, gets the last, smallest (it spills: slow).
-# Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles). Backward: BLOCK_M divides BLOCK_N.
-CONFIGS = {
-    ("fwd", True, True): [(128, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 2)],
-    ("fwd", True, False): [(128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
-    ("fwd", False, True): [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 2)],
-    ("fwd", False, False): [(128, 32, 8, 3), (64, 64, 8, 3), (64, 32, 4, 2)],
-    ("bwd", True, True): [(32, 128, 8, 2), (64, 64, 8, 2), (32, 128, 8, 3)],  # Hopper: all 5 matmuls on wgmma
-    ("bwd", True, False): [(16, 128, 8, 2), (32, 64, 8, 2)],
-    ("bwd", False, True): [(32, 128, 8, 3), (32, 64, 4, 2)],
-    ("bwd", False, False): [(16, 64, 8, 2), (16, 32, 4, 2)],
+# One launch config per GPU generation, dtype and head size: (BLOCK_M, BLOCK_N, num_warps, num_stages) of the
+# forward, then of the backward. Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles).
+# Backward: BLOCK_M divides BLOCK_N. test_kernel.py compiles every entry for its GPUs and checks that it fits
+# their shared memory without register spills: Hopper (sm_90) has 227 KB a block, an A100 (sm_80) 163 KB.
+# Every other GPU from sm_80 on (sm_86, sm_89, sm_120 ...: about 99 KB) gets configs that fit in 99 KB.
+LAUNCH_CONFIGS = {  # (generation for bf16 and fp16, or "fp32"; D ≤ 64) -> (forward, backward)
+    ("sm_90", True): ((128, 64, 8, 3), (32, 128, 8, 2)),  # Hopper: all 5 backward matmuls on wgmma
+    ("sm_90", False): ((128, 64, 8, 3), (16, 128, 8, 2)),
+    ("sm_80", True): ((128, 64, 8, 3), (32, 128, 8, 3)),
+    ("sm_80", False): ((128, 32, 8, 3), (16, 64, 8, 2)),
+    ("sm_86", True): ((128, 64, 8, 3), (32, 128, 8, 3)),  # ~99 KB: the A100's but for the D = 128 backward
+    ("sm_86", False): ((128, 32, 8, 3), (16, 32, 4, 2)),
+    ("fp32", True): ((32, 16, 8, 2), (16, 32, 4, 2)),  # any GPU: fp32 is for checks; its IEEE dots run on
+    ("fp32", False): ((32, 16, 8, 2), (16, 16, 4, 2)),  # CUDA cores and need many registers: small tiles
 }
 SMALL = ((32, 16, 4, 1), (16, 32, 4, 1))  # the interpreter's (forward, backward) configs: small, unequal
 
 
-def candidates(device, dtype, D):
-    """The (forward, backward) config pairs to try on this device (on a CPU, in the interpreter: SMALL)."""
+def launch_configs(device, dtype, D):
+    """The (forward, backward) launch configs mix_attention uses on this device, dtype and head size D."""
     if device.type != "cuda":
-        return [SMALL]
-    hopper = torch.cuda.get_device_capability(device)[0] >= 9
-    fwd, bwd = CONFIGS["fwd", hopper, D <= 64], CONFIGS["bwd", hopper, D <= 64]
-    if dtype == torch.float32:
-        fwd, bwd = fwd[-1:], bwd[-1:]
-    return list(itertools.product(fwd, bwd))
+        return SMALL
+    gpu = torch.cuda.get_device_properties(device)  # torch.compile reads it as a constant
+    if gpu.major < 8:
+        raise ValueError(f"mix_attention: the fused kernel needs an sm_80 or newer GPU, this is "
+                         f"sm_{gpu.major}{gpu.minor}; use impl=sdpa")
+    generation = {(9, 0): "sm_90", (8, 0): "sm_80"}.get((gpu.major, gpu.minor), "sm_86")
+    return LAUNCH_CONFIGS["fp32" if dtype == torch.float32 else generation, D <= 64]
 
 
-def _kw(cfg, q):  # launch keywords; fp32 dots follow torch's TF32 switch, 16-bit ones ignore it
-    return dict(BLOCK_M=cfg[0], BLOCK_N=cfg[1], num_warps=cfg[2], num_stages=cfg[3], PREC=_precision(q.dtype))
-
-
-def _precision(dtype):
-    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+def _kw(cfg, q):  # launch keywords; 16-bit dots ignore PREC
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32: IEEE, whatever torch's TF32 switch says
+    return dict(BLOCK_M=cfg[0], BLOCK_N=cfg[1], num_warps=cfg[2], num_stages=cfg[3], PREC=prec)
 
 
 def _on(device):  # Triton launches on the current CUDA device: make it q's (a run on cuda:1 launches there)
@@ -320,14 +319,10 @@ def _check_inputs(q, k, v, a, b):
 
 def mix_attention(q, k, v, a, b, configs=None):
     """out = a·v + b·P·v per head, differentiable (P: causal softmax). q, k, v: (B, H, T, D); a, b: (H,).
-    configs: the (forward, backward) launch configs, one of candidates(): support.kernel_check.fused passes
-    the fastest that passed its float64 check on this GPU. None in the interpreter: SMALL."""
+    configs: the (forward, backward) launch configs; None takes launch_configs() for q (tests pass others)."""
     _check_inputs(q, k, v, a, b)
-    if configs is None and not INTERPRET:
-        raise ValueError("mix_attention: pass configs on a GPU (support.kernel_check.fused picks ones "
-                         "checked against float64 on this device)")
-    configs = configs or SMALL
-    return _mix_fwd(q, k, v, a, b, list(configs[0]), list(configs[1]))[0]  # (B, H, T, D)
+    fwd_cfg, bwd_cfg = configs or launch_configs(q.device, q.dtype, q.shape[-1])
+    return _mix_fwd(q, k, v, a, b, list(fwd_cfg), list(bwd_cfg))[0]  # (B, H, T, D)
 
 
 if __name__ == "__main__":  # the checks import this file, never the reverse

@@ -28,7 +28,7 @@ SCRIPTS = {  # script -> (its settings, how it is asked for --help)
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),
     "corridor": (lambda: corridor.OPTIONS, lambda: corridor.main(["--help"])),
     "bench": (lambda: bench.DEFAULTS, lambda: bench.main(["--help"])),
-    "kernel": (lambda: kernel_check.DEFAULTS, lambda: kernel_check.main(["--help"])),  # its gate
+    "support.kernel_check": (lambda: kernel_check.DEFAULTS, lambda: kernel_check.main(["--help"])),
 }
 
 

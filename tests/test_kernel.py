@@ -7,14 +7,17 @@ Run: python -m pytest -q tests/test_kernel.py
 import concurrent.futures
 import contextlib
 import functools
+import importlib
 import io
 import itertools
 import multiprocessing
 import os
 import re
-import time
+import signal
+import subprocess
+import sys
+import threading
 import types
-import warnings
 
 import pytest
 import torch
@@ -107,21 +110,18 @@ def test_any_strides():
 
 
 def _launch_configs():
-    """The launch configs each head size can get: on a GPU this GPU's list, in the interpreter every GPU's."""
-    for D in (64, 128):
-        arches = [torch.cuda.get_device_capability()[0] >= 9] if CUDA else [True, False]
-        fwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["fwd", hopper, D <= 64])
-        bwd = dict.fromkeys(c for hopper in arches for c in kernel.CONFIGS["bwd", hopper, D <= 64])
-        n = max(len(fwd), len(bwd))
-        pairs = itertools.islice(zip(itertools.cycle(fwd), itertools.cycle(bwd)), n)
-        yield from ((D, f, b) for f, b in pairs)
+    """(dtype, D, forward, backward): on a GPU the configs it gets; in the interpreter every table entry."""
+    if CUDA:
+        for dtype, D in itertools.product((torch.bfloat16, torch.float16, torch.float32), (64, 128)):
+            yield (dtype, D, *kernel.launch_configs(torch.device("cuda"), dtype, D))
+    else:  # in fp32: the interpreter's bf16 dots are wrong
+        entries = dict.fromkeys((small_d, pair) for (_, small_d), pair in kernel.LAUNCH_CONFIGS.items())
+        yield from ((torch.float32, 64 if small_d else 128, *pair) for small_d, pair in entries)
 
 
-@pytest.mark.parametrize("D,fwd,bwd", list(_launch_configs()))
-def test_every_launch_config(D, fwd, bwd):
-    """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary. On a
-    GPU in bf16, which they are made for (in fp32 the largest need more shared memory than a GPU has)."""
-    dtype = torch.bfloat16 if CUDA else torch.float32
+@pytest.mark.parametrize("dtype,D,fwd,bwd", list(_launch_configs()), ids=str)
+def test_every_launch_config(dtype, D, fwd, bwd):
+    """The tile shapes of the GPU configs, also in the interpreter: T = 161 crosses every tile boundary."""
     inputs, dout = make_inputs(1, 161, D, dtype, seed=D)
     run_and_compare(inputs, dout, TOL[dtype], fn=functools.partial(mix_attention, configs=(fwd, bwd)))
 
@@ -181,65 +181,46 @@ def test_bad_inputs_raise_value_error(i):
         mix_attention(*args)
 
 # -----------------------------------------------------------------------------
-# The checks behind impl='auto' (kernel_check.py): accuracy(), the timing, usable() and tune(). Planted
-# kernels, built on the float64-accurate SDPA reference so that they run fast on a CPU, each carry a bug the
-# checks must catch.
+# kernel_check.py's float64 check: accuracy() and check_kernel(). Planted kernels, built on the
+# float64-accurate SDPA reference so that they run fast on a CPU, each carry a bug the check must catch.
 
 CPU = torch.device("cpu")
 
 
-def exact(q, k, v, a, b, configs=None):  # a kernel with no bug
+def exact(q, k, v, a, b):  # a kernel with no bug
     return kernel_check.reference(q, k, v, a, b)
 
 
-def one_percent_off(q, k, v, a, b, configs=None):
+def one_percent_off(q, k, v, a, b):
     return 1.01 * kernel_check.reference(q, k, v, a, b)
 
 
-def dv_without_identity_term(q, k, v, a, b, configs=None):  # out is right; dv misses a·dout
+def dv_without_identity_term(q, k, v, a, b):  # out is right; dv misses a·dout
     pv = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return a[:, None, None] * v.detach() + b[:, None, None] * pv
 
 
-def b_sign_flipped(q, k, v, a, b, configs=None):  # a·v - b·P·v
+def b_sign_flipped(q, k, v, a, b):  # a·v - b·P·v
     return kernel_check.reference(q, k, v, a, -b)
 
 
-def nan_output(q, k, v, a, b, configs=None):
+def nan_output(q, k, v, a, b):
     return kernel_check.reference(q, k, v, a, b) * float("nan")
 
 
-def slower(q, k, v, a, b, configs=None):  # right, but slower than SDPA + epilogue
-    time.sleep(0.02)
-    return kernel_check.reference(q, k, v, a, b)
-
-
 def racy():
-    """Right on its first run; its second run is 0.15% off (as a race between programs would be): within the
+    """Right on its first run; its second run is 4e-6 off (as a race between programs would be): within fp32's
     tolerance against float64, beyond what two runs of one kernel may differ by."""
     calls = []
 
-    def fn(q, k, v, a, b, configs=None):
+    def fn(q, k, v, a, b):
         calls.append(1)
-        return (1.0 + 1.5e-3 * (len(calls) > 1)) * kernel_check.reference(q, k, v, a, b)
+        return (1.0 + 4e-6 * (len(calls) > 1)) * kernel_check.reference(q, k, v, a, b)
     return fn
 
 
-@pytest.fixture
-def fresh_checks(monkeypatch):  # empty caches: every usable() and tune() checks and times afresh
-    monkeypatch.setattr(kernel_check, "_verified", {})
-    monkeypatch.setattr(kernel_check, "_tuned", {})
-
-
-def test_accuracy_passes_the_kernel():
-    """The real kernel (in the interpreter on a CPU) passes at a ragged T; every row has its tolerance."""
-    rows = kernel_check.accuracy(mix_attention, torch.device(DEVICE), torch.float32, 16, T=77)
-    assert [name for name, _, _ in rows[::2]] == ["out", "dq", "dk", "dv", "da", "db"]
-    assert [tol for _, _, tol in rows[:4]] == [2e-3, 1e-3, 5e-3, 2.5e-3] and kernel_check.failures(rows) == []
-
-
 @pytest.mark.parametrize("planted, caught", [
-    (one_percent_off, "out, dq, dk, dv, da, db"),  # the error is 1.0e-02 in each, above 2e-3 and 5e-3
+    (one_percent_off, "out, dq, dk, dv, da, db"),  # the error is 1.0e-02 in each
     (dv_without_identity_term, "dv"),
     (nan_output, "out, out run twice, dq, dq run twice, dk, dk run twice, dv, dv run twice, da, "
                  "da run twice, db, db run twice"),
@@ -251,79 +232,72 @@ def test_accuracy_refuses_planted_kernels(planted, caught):
     assert kernel_check.failures(kernel_check.accuracy(exact, CPU, torch.float32, 16, T=70)) == []
 
 
-def test_usable_refuses_a_wrong_kernel_warns_once_and_tune_says_so(fresh_checks):
-    shape = (2, 4, 64, 16)
-    message = (r"failed its float64 check on cpu, torch.float32, head size 16 \(config "
-               r"\(\(32, 16, 4, 1\), \(16, 32, 4, 1\)\): dv error .*\); using SDPA")
-    with pytest.warns(UserWarning, match=message) as rec:
-        assert kernel_check.usable(CPU, torch.float32, shape, kernel=dv_without_identity_term) is False
-    assert len(rec) == 1 and "\n" not in str(rec[0].message)
-    with warnings.catch_warnings():  # the same device, dtype and head size again: no second check, no warning
-        warnings.simplefilter("error")
-        assert kernel_check.usable(CPU, torch.float32, (8, 4, 300, 16),
-                                   kernel=dv_without_identity_term) is False
-        assert kernel_check.tune(CPU, torch.float32, shape) is None
-        # not built for this head size
-        assert kernel_check.usable(CPU, torch.float32, (2, 4, 64, 48)) is False
+def test_check_kernel_passes_the_kernel():
+    """The real kernel (in the interpreter on a CPU) passes, in one line, also when the caller is in inference
+    mode under autocast; the device may be a torch.device, the dtype its name."""
+    with torch.inference_mode(), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        line = kernel_check.check_kernel(torch.device(DEVICE), "float32", 16)
+    assert re.fullmatch(r"kernel check: the fused Triton kernel matches float64 on (cpu|cuda:\d+), float32, "
+                        r"head size 16 \(out \S+, gradients ≤ \S+\)", line), line
 
 
-def test_timing_refuses_a_slower_kernel(fresh_checks):
-    """A kernel that is right but slower than SDPA + epilogue: impl='auto' keeps SDPA, silently. Tuned once
-    per B·H and T rounded up to a power of 2."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert kernel_check.usable(CPU, torch.float32, (2, 4, 70, 16), kernel=slower) is False
-        # the same bucket
-        assert kernel_check.usable(CPU, torch.float32, (2, 4, 100, 16), kernel=slower) is False
-        assert kernel_check.usable(CPU, torch.float32, (4, 4, 100, 16), kernel=slower) is False
-    assert sorted(key[4:] for key in kernel_check._tuned) == [(8, 128), (16, 128)]  # (B·H, T bucket)
-    assert set(kernel_check._tuned.values()) == {(kernel.SMALL, False)}
-    # ms: its sleep is counted
-    assert kernel_check.time_fwd_bwd(slower, CPU, torch.float32, (1, 4, 32, 16)) > 20
+def check_kernel_refuses(*args, module=kernel_check):  # its message: one line ending "; use impl=sdpa"
+    with pytest.raises(ValueError) as e:
+        module.check_kernel(*args)
+    message = str(e.value)
+    assert "\n" not in message and message.endswith("; use impl=sdpa") and message.count("impl=sdpa") == 1
+    return message
 
 
-def test_fused_raises_where_no_config_passes(fresh_checks, monkeypatch):
-    """impl='triton' on a GPU where every config fails its check: a clear error, not wrong numbers."""
-    (q, k, v, a, b), _ = make_inputs(1, 8, 16)
-    monkeypatch.setattr(kernel, "INTERPRET", False)  # the GPU path: configs come from tune()
-    monkeypatch.setattr(kernel, "_check_inputs", lambda *inputs: None)  # which would refuse CPU tensors now
-    monkeypatch.setattr(kernel_check, "tune", lambda device, dtype, shape: None)
-    on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0", dtype=torch.float16, shape=(1, 4, 8, 16))
-    with pytest.raises(ValueError, match=r"no launch config passed the float64 check on .*; use impl='sdpa'"):
-        kernel_check.fused(on_gpu, k, v, a, b)
-    with pytest.raises(ValueError, match=r"pass configs on a GPU"):  # kernel.py itself never guesses
-        kernel.mix_attention(q, k, v, a, b)
+def test_check_kernel_refuses_a_planted_bug(monkeypatch):
+    """A 1% error in the forward's output, planted in kernel.mix_attention (which the model calls too)."""
+    real = kernel.mix_attention
+    monkeypatch.setattr(kernel, "mix_attention", lambda *args, **kw: 1.01 * real(*args, **kw))
+    message = check_kernel_refuses(DEVICE, torch.float32, 16)
+    assert re.fullmatch(r"kernel check: the fused Triton kernel failed on (cpu|cuda:\d+), float32, head size "
+                        r"16: out error 1\.0e-02 > 5e-06; use impl=sdpa", message), message
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
-def test_no_check_or_timing_inside_cuda_graph_capture(fresh_checks):
-    x = torch.zeros(1, device="cuda")
-    graph, answers = torch.cuda.CUDAGraph(), []
-    with torch.cuda.graph(graph):
-        x += 1
-        answers.append(kernel_check.usable(torch.device("cuda"), torch.float16, (1, 4, 64, 16)))
-        with pytest.raises(RuntimeError, match="inside CUDA-graph capture"):
-            kernel_check.tune(torch.device("cuda"), torch.float16, (1, 4, 64, 16))
-    assert answers == [False] and kernel_check._tuned == {} and kernel_check._verified == {}
+def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
+    """A head size the kernel is not built for, a CPU without the interpreter, a GPU older than sm_80: one
+    line each, naming the reason."""
+    message = check_kernel_refuses(DEVICE, "float32", 48)
+    assert message.endswith("head size 48: ValueError: mix_attention: head dim D must be one of (16, 32, 64, "
+                            "128), got 48.; use impl=sdpa"), message
+    interpret = kernel.INTERPRET
+    monkeypatch.setattr(kernel, "INTERPRET", False)
+    assert "tensors must be on cuda" in check_kernel_refuses("cpu", torch.float32, 16)
+    monkeypatch.setattr(kernel, "INTERPRET", interpret)
+
+    def turing(device, dtype, D):  # what launch_configs says on a T4 (test_launch_configs_per_gpu checks it)
+        raise ValueError("mix_attention: the fused kernel needs an sm_80 or newer GPU, this is sm_75; "
+                         "use impl=sdpa")
+    monkeypatch.setattr(kernel, "launch_configs", turing)
+    assert check_kernel_refuses(DEVICE, torch.float16, 64).endswith(
+        "float16, head size 64: ValueError: mix_attention: the fused kernel needs an sm_80 or newer GPU, "
+        "this is sm_75; use impl=sdpa")
 
 
-def test_usable_under_torch_compile(fresh_checks):
-    """torch.compile calls usable() once while tracing and keeps the answer as a constant (no graph break)."""
-    def f(x):
-        return x * 2 if kernel_check.usable(x.device, x.dtype, (1, 4, 64, 16)) else x - 1
+def test_check_kernel_without_triton(monkeypatch):
+    """kernel_check.py loads where triton is not installed (train.py imports it on every OS); check_kernel
+    then refuses in one line."""
+    import support
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    monkeypatch.delitem(sys.modules, "kernel")  # kernel.py must be imported afresh, and fail
+    monkeypatch.delitem(sys.modules, "support.kernel_check")
+    monkeypatch.setattr(support, "kernel_check", kernel_check)  # put back after the fresh import below
+    fresh = importlib.import_module("support.kernel_check")
+    assert fresh is not kernel_check
+    message = check_kernel_refuses("cpu", "float32", 16, module=fresh)
+    assert message == ("kernel check: the fused Triton kernel failed on cpu, float32, head size 16: "
+                       "ModuleNotFoundError: import of triton halted; None in sys.modules; use impl=sdpa")
 
-    tuned = kernel_check._tuned
-    tuned[kernel_check.tuning_key(CPU, torch.float32, (1, 4, 64, 16))] = (kernel.SMALL, True)  # right, fast
-    tuned[kernel_check.tuning_key(CPU, torch.float16, (1, 4, 64, 16))] = None  # no config passed
-    x = torch.randn(3, 16)
-    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x), x * 2)
-    torch._dynamo.reset()
-    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x.half()), x.half() - 1)
 
 # -----------------------------------------------------------------------------
-# Compiling for real GPUs (no GPU needed): every kernel in every launch config, for Hopper and Ampere.
+# Compiling for real GPUs (no GPU needed): every kernel in every launch config of the table, for its GPUs.
 
-SHARED_LIMIT = {90: 232448, 80: 166912}  # bytes of shared memory a block may use: 227 KB, 163 KB
+SHARED_LIMIT = {90: 232448, 80: 166912, 86: 101376, 120: 101376}  # bytes a block may use: 227, 163, 99, 99 KB
+TARGETS = {"sm_90": [90], "sm_80": [80], "sm_86": [86, 120]}  # the GPUs each generation's configs are for
 FP32_ARGS = {"LSE", "Delta", "DQ", "Sums"}  # pointer arguments that are fp32 whatever the input dtype
 
 
@@ -362,17 +336,20 @@ def _compile(name, constexprs, options, dtype, cc):
 
 
 def compile_jobs():
-    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config, sm_90/sm_80, bf16/fp16."""
-    for (cc, hopper), dtype, D in itertools.product(((90, True), (80, False)), ("bf16", "fp16"), (64, 128)):
-        for kind, name in (("fwd", "_fwd_kernel"), ("bwd", "_bwd_kernel")):
-            for bm, bn, warps, stages in kernel.CONFIGS[kind, hopper, D <= 64]:
-                consts = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PREC="tf32")
+    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config: each generation's bf16 and
+    fp16 configs for its GPUs, the fp32 ones (IEEE dots) for all of them."""
+    for generation, ccs in TARGETS.items():
+        for cc, dtype, D in itertools.product(ccs, ("bf16", "fp16", "fp32"), (64, 128)):
+            key, prec = ("fp32", "ieee") if dtype == "fp32" else (generation, "tf32")
+            configs = kernel.LAUNCH_CONFIGS[key, D <= 64]  # (forward, backward)
+            for name, (bm, bn, warps, stages) in zip(("_fwd_kernel", "_bwd_kernel"), configs):
+                consts = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PREC=prec)
                 yield name, consts, dict(num_warps=warps, num_stages=stages), dtype, cc
-        yield "_bwd_pre_kernel", dict(D=D, BLOCK=kernel.PRE_BLOCK), {}, dtype, cc
+            yield "_bwd_pre_kernel", dict(D=D, BLOCK=kernel.PRE_BLOCK), {}, dtype, cc
 
 
 @pytest.mark.slow
-def test_compiles_for_hopper_and_ampere_without_spills(monkeypatch, tmp_path):
+def test_every_launch_config_compiles_for_its_gpus_without_spills(monkeypatch, tmp_path):
     if _ptxas() is None:
         pytest.skip("this triton wheel ships no ptxas (triton/backends/nvidia/bin)")
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # workers import kernel.py with real @triton.jit kernels
@@ -440,20 +417,51 @@ def test_outputs_and_gradients_are_views_of_model_layout_memory():
         assert x.shape == (2, 4, 20, 16) and x.transpose(1, 2).is_contiguous()
 
 
-def test_launch_config_forced_by_tests():
-    """The interpreter's small, unequal tiles. fp32 dots follow torch's TF32 switch, 16-bit ones always use
-    tensor cores."""
+@pytest.mark.parametrize("cc, generation", [((7, 5), None), ((8, 0), "sm_80"), ((8, 6), "sm_86"),
+                                           ((8, 9), "sm_86"), ((9, 0), "sm_90"), ((12, 0), "sm_86")])
+def test_launch_configs_per_gpu(monkeypatch, cc, generation):
+    """One table entry per GPU generation, dtype and head size: Hopper's, the A100's, and the ~99 KB ones for
+    every other GPU from sm_80 on; fp32's on every GPU. Older GPUs are refused in one line."""
+    gpu = types.SimpleNamespace(major=cc[0], minor=cc[1])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
+    cuda = torch.device("cuda", 0)
+    if generation is None:
+        with pytest.raises(ValueError) as e:
+            kernel.launch_configs(cuda, torch.bfloat16, 64)
+        assert str(e.value) == ("mix_attention: the fused kernel needs an sm_80 or newer GPU, this is sm_75; "
+                                "use impl=sdpa")
+        return
+    for D in (16, 64, 128):
+        for dtype in (torch.bfloat16, torch.float16):
+            assert kernel.launch_configs(cuda, dtype, D) == kernel.LAUNCH_CONFIGS[generation, D <= 64]
+        assert kernel.launch_configs(cuda, torch.float32, D) == kernel.LAUNCH_CONFIGS["fp32", D <= 64]
+    assert kernel.launch_configs(CPU, torch.float32, 64) == kernel.SMALL  # the interpreter's
+
+
+def test_fp32_dots_are_ieee():
+    """fp32 is for checks: its dots are IEEE, never TF32 (errors ~5e-4), whatever torch's TF32 switch says.
+    16-bit dots run on tensor cores (PREC means nothing to them)."""
     q = torch.zeros(1, 1, 8, 16)
-    if kernel.INTERPRET:  # on a GPU the configs are checked and timed instead
-        assert kernel.candidates(q.device, q.dtype, 16) == [((32, 16, 4, 1), (16, 32, 4, 1))]
     cfg = (64, 32, 4, 2)
     tf32 = torch.backends.cuda.matmul.allow_tf32  # served by __getattr__: monkeypatch cannot undo it
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        assert kernel._kw(cfg, q) == dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PREC="ieee")
-        assert kernel._kw(cfg, q.half())["PREC"] == kernel._kw(cfg, q.bfloat16())["PREC"] == "tf32"
+        for allowed in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            assert kernel._kw(cfg, q) == dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, PREC="ieee")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert kernel._kw(cfg, q.half())["PREC"] == kernel._kw(cfg, q.bfloat16())["PREC"] == "tf32"
+
+
+@pytest.mark.skipif(not CUDA, reason="TF32 exists on a GPU")
+def test_fp32_passes_its_ieee_tolerance_with_tf32_allowed():
+    """With TF32 allowed in torch's matmuls, the kernel's fp32 still passes check_kernel, whose tolerances
+    (5e-6, 1e-5) TF32's roundoff (2^-11) would exceed many times over."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert kernel._kw(cfg, q)["PREC"] == "tf32"
+        for D in (64, 128):
+            kernel_check.check_kernel("cuda", torch.float32, D)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
@@ -494,8 +502,6 @@ def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
 
 @pytest.mark.slow
 def test_kernel_check_help_prints_help_and_checks_nothing():
-    import subprocess
-    import sys
     run = subprocess.run([sys.executable, "-m", "support.kernel_check", "--help"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
@@ -509,15 +515,20 @@ def test_kernel_check_help_prints_help_and_checks_nothing():
 @pytest.mark.slow
 @pytest.mark.skipif(os.name == "nt", reason="sends SIGINT, which Windows' Popen cannot")
 def test_ctrl_c_in_the_kernel_gate_is_one_line():
-    import signal
-    import subprocess
-    import sys
+    """Ctrl-C while the gate checks: one line, exit status 1. SIGINT goes once the gate has printed its
+    table's header, just before its checks start (minutes on a CPU); the timeouts allow for a busy machine."""
     gate = subprocess.Popen([sys.executable, "-m", "support.kernel_check", "--tests=False", "--timing=False"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert gate.stdout.readline().startswith("float64 check")  # checking: minutes on a CPU
-    gate.send_signal(signal.SIGINT)
-    _, err = gate.communicate(timeout=120)
+    watchdog = threading.Timer(600, gate.kill)  # a gate that never prints its header fails, not hangs
+    watchdog.start()
+    try:
+        assert any(line.startswith("| dtype |") for line in iter(gate.stdout.readline, ""))
+        gate.send_signal(signal.SIGINT)
+        _, err = gate.communicate(timeout=300)
+    finally:
+        watchdog.cancel()
+        gate.kill()
     assert gate.returncode == 1 and err == "interrupted: the kernel check did not finish\n", err
 
 
@@ -585,5 +596,5 @@ def test_fused_kernel_trains_alike_on_a_tiny_model(monkeypatch):
     interpreter bf16 dots are wrong), and a kernel with b's sign flipped fails it."""
     tiny = dict(n_layer=1, n_head=2, n_embd=32, block_size=24, vocab_size=64)
     assert compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
-    monkeypatch.setattr(kernel_check, "mix_attention", b_sign_flipped)  # the kernel fused() calls
+    monkeypatch.setattr(kernel, "mix_attention", b_sign_flipped)  # the kernel the model calls
     assert not compare_gpt2(2, batch_size=2, device=DEVICE, dtypes=(torch.float16,), **tiny)
