@@ -403,7 +403,7 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
     with pytest.raises(ValueError) as e:
         mix_attention(q, k, v, a, b)
     assert str(e.value) == ("mix_attention: tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before "
-                            "kernel.py is imported), got cpu.")
+                            "triton is imported), got cpu.")
 
 
 def test_outputs_and_gradients_are_views_of_model_layout_memory():
