@@ -278,6 +278,14 @@ def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
         "this is sm_75; use impl=sdpa")
 
 
+def test_kernel_check_loads_no_triton():
+    """Importing kernel_check loads no triton: train.py pays nothing for it, and the gate can still choose the
+    interpreter (triton reads TRITON_INTERPRET when it loads)."""
+    program = "import sys, support.kernel_check; print('triton' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.stdout == "False\n", run.stderr
+
+
 def test_check_kernel_without_triton(monkeypatch):
     """kernel_check.py loads where triton is not installed (train.py imports it on every OS); check_kernel
     then refuses in one line."""
