@@ -282,7 +282,8 @@ def test_kernel_check_loads_no_triton():
     """Importing kernel_check loads no triton: train.py pays nothing for it, and the gate can still choose the
     interpreter (triton reads TRITON_INTERPRET when it loads)."""
     program = "import sys, support.kernel_check; print('triton' in sys.modules)"
-    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
     assert run.stdout == "False\n", run.stderr
 
 
