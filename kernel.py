@@ -313,7 +313,7 @@ def _check_inputs(q, k, v, a, b):
     require(len({x.device for x in (q, k, v, a, b)}) == 1,
             f"q, k, v, a, b must be on one device, got {[str(x.device) for x in (q, k, v, a, b)]}")
     require(q.device.type == "cuda" or (q.device.type == "cpu" and INTERPRET),
-            f"tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before kernel.py is imported), "
+            f"tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before triton is imported), "
             f"got {q.device}")
 
 

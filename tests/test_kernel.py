@@ -278,6 +278,15 @@ def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
         "this is sm_75; use impl=sdpa")
 
 
+def test_kernel_check_loads_no_triton():
+    """Importing kernel_check loads no triton: train.py pays nothing for it, and the gate can still choose the
+    interpreter (triton reads TRITON_INTERPRET when it loads)."""
+    program = "import sys, support.kernel_check; print('triton' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert run.stdout == "False\n", run.stderr
+
+
 def test_check_kernel_without_triton(monkeypatch):
     """kernel_check.py loads where triton is not installed (train.py imports it on every OS); check_kernel
     then refuses in one line."""
@@ -403,7 +412,7 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
     with pytest.raises(ValueError) as e:
         mix_attention(q, k, v, a, b)
     assert str(e.value) == ("mix_attention: tensors must be on cuda (cpu needs TRITON_INTERPRET=1 set before "
-                            "kernel.py is imported), got cpu.")
+                            "triton is imported), got cpu.")
 
 
 def test_outputs_and_gradients_are_views_of_model_layout_memory():
