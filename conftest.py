@@ -1,7 +1,7 @@
 """pytest set-up shared by every test file.
 
-- Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set before any
-  @triton.jit function is defined, i.e. before kernel.py is imported.
+- Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set before
+  triton is imported (and so before kernel.py defines its kernels).
 - `python -m pytest -q` runs the fast spec; `--slow` adds the tests marked slow (DDP, kill -9, the hostile
   batteries, the interpreter's kernel sweeps: the whole suite).
 """

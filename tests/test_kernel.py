@@ -503,6 +503,8 @@ def test_kernel_check_exits_nonzero_on_a_planted_kernel(capsys):
     rows = [line for line in out.splitlines() if line.startswith(("| float", "| bfloat"))]  # a row per config
     assert len(rows) >= 4 and all("| FAIL: dv error" in row for row in rows), out  # fp32, fp16; D = 64, 128
     assert out.endswith("kernel check FAILED\n")
+    assert kernel_check.main(GATE_CPU_PARTS, fn=one_percent_off) == 1  # the forward output 1% off
+    assert "| FAIL: out error 1.0e-02" in capsys.readouterr().out
     assert kernel_check.main(GATE_CPU_PARTS, fn=exact) == 0
     assert capsys.readouterr().out.endswith("kernel check passed\n")
     assert kernel_check.main(["--tests=3"], fn=exact) == 2
