@@ -90,8 +90,9 @@ def failures(rows):
     return [f"{name} error {err:.1e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]  # NaN fails
 
 
-def _first_line(e):  # an exception in one line
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}".removesuffix("; use impl=sdpa")
+def _first_line(e):  # an exception in one line, without the advice check_kernel adds itself
+    line = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    return line.removesuffix("; use impl=sdpa").rstrip(".")
 
 
 def _device(device):  # "cuda" means the current CUDA device: name its index

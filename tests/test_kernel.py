@@ -263,7 +263,7 @@ def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
     line each, naming the reason."""
     message = check_kernel_refuses(DEVICE, "float32", 48)
     assert message.endswith("head size 48: ValueError: mix_attention: head dim D must be one of (16, 32, 64, "
-                            "128), got 48.; use impl=sdpa"), message
+                            "128), got 48; use impl=sdpa"), message
     interpret = kernel.INTERPRET
     monkeypatch.setattr(kernel, "INTERPRET", False)
     assert "tensors must be on cuda" in check_kernel_refuses("cpu", torch.float32, 16)
