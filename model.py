@@ -54,6 +54,8 @@ class GPTConfig:
             bad("n_embd", f"it must be divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             bad("dropout", "it must be in [0, 1)")
+        if self.impl == "triton" and self.dropout:
+            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
         Op = OPS[self.op]
         for key in self.controls:
             if key not in Op.controls:

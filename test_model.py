@@ -461,6 +461,9 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
     (dict(n_embd=30), "n_embd=30 is not allowed: it must be divisible by n_head=4"),
     (dict(impl="cuda"), "impl='cuda' is not allowed: choose one of sdpa, materialized, triton"),
     (dict(impl="auto"), "impl='auto' is not allowed: choose one of sdpa, materialized, triton"),
+    (dict(impl="triton", dropout=0.1),
+     "impl='triton' is not allowed: the fused kernel has no attention dropout; use dropout=0.0 or "
+     "impl='sdpa'"),
     (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
     (dict(op="attention", gamma_init=-0.5),
      "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
