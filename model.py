@@ -303,10 +303,26 @@ class GPT(nn.Module):
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
         """The GPT that train.py's checkpoint dict holds; changes: settings that are not weights (dropout,
-        impl). strict: every weight of the model, each of its shape, and nothing else."""
+        impl), checked by GPTConfig as the caller's own. The checkpoint's settings, and its weights under
+        load_state_dict(strict=True) (every weight, each of its shape, nothing else), must fit this code:
+        else a ValueError in one line."""
+        as_saved = {**ckpt["model_args"], **{k: getattr(GPTConfig, k) for k in changes}}  # changes aside
+        try:
+            GPTConfig(**as_saved)
+        except (TypeError, ValueError) as e:
+            raise ValueError(unfit(e)) from None
         model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
-        model.load_state_dict(ckpt["model"], strict=True)
+        try:
+            model.load_state_dict(ckpt["model"], strict=True)
+        except RuntimeError as e:
+            raise ValueError(unfit(e)) from None
         return model
+
+
+def unfit(e):
+    message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
+    return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
+            "another version or was edited")
 
 
 # -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from support.dataloader import get_tokenizer
 from support.hardware import device_rule, pick_device
 from model import GPT
 from operators import OPS, all_controls
-from support.rundir import load_checkpoint, model_from_checkpoint
+from support.rundir import load_checkpoint
 
 DEFAULTS = dict(
     init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
@@ -68,7 +68,7 @@ def sample(cfg, given=frozenset()):
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "
                               "a checkpoint's op is fixed; drop it")
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-        model = model_from_checkpoint(GPT, ckpt, impl="sdpa")  # train.py's checks of the weights
+        model = GPT.from_checkpoint(ckpt, impl="sdpa")  # the kernel is for training
         encode, decode = get_tokenizer(ckpt["meta"])
     else:  # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest default)
         controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}

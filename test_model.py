@@ -510,8 +510,23 @@ def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit(
                          "size mismatch")):
         weights = dict(model.state_dict())
         edit(weights)
-        with pytest.raises(RuntimeError, match=words):
+        with pytest.raises(ValueError, match="the checkpoint does not fit this code .RuntimeError: .*" + words):
             GPT.from_checkpoint({"model": weights, "model_args": vars(model.config)})
+
+
+def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
+    """A setting the caller changes is checked as the caller's (GPTConfig's own line: a triton run resumed with
+    dropout is the user's choice, not a damaged checkpoint); the checkpoint's own settings as the file's."""
+    model = GPT(tiny("mix", impl="triton"))
+    ckpt = {"model": model.state_dict(), "model_args": vars(model.config)}
+    with pytest.raises(ValueError) as e:
+        GPT.from_checkpoint(ckpt, dropout=0.1)
+    assert str(e.value) == ("impl='triton' is not allowed: the fused kernel has no attention dropout; "
+                            "use dropout=0.0 or impl='sdpa'")
+    assert GPT.from_checkpoint(ckpt, dropout=0.1, impl="sdpa").config.dropout == 0.1
+    edited = r"^the checkpoint does not fit this code \(ValueError: n_embd=32 is not allowed"
+    with pytest.raises(ValueError, match=edited):
+        GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
 @pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),

@@ -25,8 +25,8 @@ from support.kernel_check import check_kernel
 from support.configurator import ConfigError, why
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import ddp_env, end_process, exit_status, start_process
-from support.rundir import (Run, interrupted, load_optimizer_state, model_from_checkpoint,
-                            save_checkpoint, start_run_dir, stop_if_not_finite, unlock_run_dir)
+from support.rundir import (Run, interrupted, load_optimizer_state, save_checkpoint, start_run_dir,
+                            stop_if_not_finite, unlock_run_dir)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -103,7 +103,7 @@ def build_model(cfg, given, meta, ckpt):
     A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
     config, controls = settings.model_settings(cfg, given, GPTConfig)
     if ckpt is not None:
-        model = model_from_checkpoint(GPT, ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
+        model = GPT.from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":

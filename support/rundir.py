@@ -197,29 +197,17 @@ def load_checkpoint(path):
         counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
                           "it was edited")
+    weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
+    not_finite = [k for k, t in weights if isinstance(t, torch.Tensor) and not torch.isfinite(t).all()]
+    if not_finite:
+        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
+                          "use an earlier checkpoint of the run")
     return ckpt
 
 
 def few(names):
     """The first three names, and ... when there are more."""
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-
-
-def model_from_checkpoint(GPT, ckpt, **changes):
-    """GPT.from_checkpoint(ckpt, **changes) (the caller passes model.py's GPT), its errors in one line:
-    GPTConfig's checks of the settings, load_state_dict's of every weight's name and shape. Then the weights
-    must be finite."""
-    try:
-        model = GPT.from_checkpoint(ckpt, **changes)
-    except (TypeError, ValueError, RuntimeError) as e:
-        message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
-        raise ConfigError(f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it "
-                          "comes from another version or was edited") from None
-    not_finite = [k for k, t in model.state_dict().items() if not torch.isfinite(t).all()]
-    if not_finite:
-        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
-                          "use an earlier checkpoint of the run")
-    return model
 
 
 def adamw_entry_fits(entry, param, iter_num):

@@ -281,9 +281,9 @@ def test_checking_a_checkpoint_does_not_start_the_compiler(tmp_path):
     from helpers import ROOT
     config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=4, n_embd=64)
     torch.save({"model": GPT(config).state_dict(), "model_args": vars(config)}, tmp_path / "ckpt.pt")
-    code = ("import sys, torch; from model import GPT; from support.rundir import model_from_checkpoint; "
+    code = ("import sys, torch; from model import GPT; import support.rundir; "
             f"ckpt = torch.load({str(tmp_path / 'ckpt.pt')!r}, weights_only=True); "
-            "model_from_checkpoint(GPT, ckpt); print('torch._dynamo' in sys.modules)")
+            "GPT.from_checkpoint(ckpt); print('torch._dynamo' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
