@@ -510,13 +510,14 @@ def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit(
                          "size mismatch")):
         weights = dict(model.state_dict())
         edit(weights)
-        with pytest.raises(ValueError, match="the checkpoint does not fit this code .RuntimeError: .*" + words):
+        unfit = r"^the checkpoint does not fit this code \(RuntimeError: .*"
+        with pytest.raises(ValueError, match=unfit + words):
             GPT.from_checkpoint({"model": weights, "model_args": vars(model.config)})
 
 
 def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
-    """A setting the caller changes is checked as the caller's (GPTConfig's own line: a triton run resumed with
-    dropout is the user's choice, not a damaged checkpoint); the checkpoint's own settings as the file's."""
+    """A setting the caller changes is checked as the caller's (GPTConfig's own line: a triton run resumed
+    with dropout is the user's choice, not a damaged checkpoint); the checkpoint's own ones as the file's."""
     model = GPT(tiny("mix", impl="triton"))
     ckpt = {"model": model.state_dict(), "model_args": vars(model.config)}
     with pytest.raises(ValueError) as e:

@@ -14,18 +14,19 @@ A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `che
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import torch
 
 from model import GPT, GPTConfig
+from operators import OPS
 from prepare_data import ensure_prepared
 from support import hellaswag, settings
 from support.kernel_check import check_kernel
-from support.configurator import ConfigError, why
+from support.configurator import ConfigError, configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import ddp_env, end_process, exit_status, start_process
-from support.rundir import (Run, interrupted, load_optimizer_state, save_checkpoint, start_run_dir,
+from support.hardware import end_process, exit_status, start_process
+from support.rundir import (interrupted, load_optimizer_state, save_checkpoint, start_run_dir,
                             stop_if_not_finite, unlock_run_dir)
 
 # -----------------------------------------------------------------------------
@@ -48,8 +49,6 @@ wandb_run_name = "run"  # its run name
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
 batch_size = 12  # sequences per process and micro-step
-# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) and every op's controls
-# (gamma_init, learn_gamma, ... in operators.py) is a setting too, with the default it has there
 # AdamW, warmup + cosine decay
 learning_rate = 6e-4  # peak learning rate, reached after warmup
 max_iters = 5000  # optimizer steps in all
@@ -69,12 +68,22 @@ compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
+# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) but vocab_size (the data's) is a
+# setting too, with the default it has there, and so is every op's control (gamma_init, ... in operators.py)
+MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")}
 
 
 def parse_config(argv):
-    """(cfg, given): the settings (these defaults, GPTConfig's fields, every op's controls) after config files
-    and --key=value, each value checked (support/settings.py); given: the keys that were set."""
-    return settings.parse(DEFAULTS, argv, sys.modules[__name__], GPTConfig)
+    """(cfg, given): every setting after config files and --key=value, each value checked where it enters
+    (support/settings.py's rules); given: the keys that were set. GPTConfig checks a new model's settings
+    here, before any file or device is touched (a checkpoint's are checked as it loads)."""
+    help_from = [("", sys.modules[__name__]), ("", sys.modules[GPT.__module__])]
+    help_from += [(f"(op={name}) ", Op) for name, Op in OPS.items()]
+    everything = settings.defaults(DEFAULTS, MODEL_DEFAULTS)
+    cfg, given = configure(everything, argv, settings.RULES, help_from=help_from)
+    if not settings.continues_checkpoint(cfg):
+        GPTConfig(**settings.model_settings(cfg, given, MODEL_DEFAULTS))
+    return cfg, given
 
 
 def get_lr(it, cfg):
@@ -101,25 +110,24 @@ def corridor_summary(gamma, delta):
 def build_model(cfg, given, meta, ckpt):
     """The model that init_from asks for: a checkpoint's, GPT-2's weights with the chosen op, or a new one.
     A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
-    config, controls = settings.model_settings(cfg, given, GPTConfig)
     if ckpt is not None:
         model = GPT.from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
+        source = "checkpoint"
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
-                             f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls, dropout=cfg.dropout,
-                                    impl=cfg.impl)
+                              f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+        config = settings.model_settings(cfg, given, MODEL_DEFAULTS)
+        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=config["controls"],
+                                    dropout=cfg.dropout, impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
+        source = "pretrained model"
     else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
-        try:
-            model = GPT(GPTConfig(vocab_size=vocab, controls=controls, **config))
-        except (TypeError, RuntimeError, MemoryError) as e:  # a model too large for this machine
-            raise ConfigError(f"the model cannot be built ({why(e)})") from None
-    settings.adopt_model_settings(cfg, given, model.config, "checkpoint" if ckpt else "pretrained model")
+        return GPT(GPTConfig(vocab_size=vocab, **settings.model_settings(cfg, given, MODEL_DEFAULTS)))
+    settings.adopt_model_settings(cfg, given, model.config, source)
     return model
 
 
@@ -211,31 +219,70 @@ def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens
              "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
 
 
+def restore(ckpt, optimizer, train_loader):
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, its optimizer state and loader
+    position restored; a new run (ckpt None) starts at (0, 0, inf)."""
+    if ckpt is None:
+        return 0, 0, float("inf")
+    load_optimizer_state(optimizer, ckpt)
+    train_loader.load_state_dict(ckpt["loader"])
+    return ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
+
+
+def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
+    cfg = run.cfg
+    run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
+    if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
+        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
+    run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
+            f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
+    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
+        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
+                "(context-free token frequencies)")
+
+
+def compiled_and_wrapped(model, cfg, run):
+    """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
+    gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
+    if cfg.eval_only:  # evaluation runs the model as it is (the raw model: see the loop)
+        return model
+    if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
+        run.say("compiling the model... (takes a minute)")
+        model = torch.compile(model)
+    if run.ddp:  # DDP syncs the gradients of the processes
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
+    # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
+    # compile a graph for aliased arguments, and the loop's first step would compile again)
+    x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
+    y = torch.zeros_like(x)
+    with run.ctx:
+        model(x, y)[1].backward()
+    model.zero_grad(set_to_none=True)
+    return model
+
+
 def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, processes, device, data, model, optimizer ----------------------
-    rank, local_rank, world_size = ddp_env()
-    ckpt, changed = settings.resume_from_checkpoint(cfg, given, settings.defaults(DEFAULTS, GPTConfig))
-    settings.check_schedule(cfg, world_size)
-    run = Run(cfg, rank, world_size, local_rank, *start_process(cfg, rank, local_rank, world_size))
-    grad_accum = max(1, cfg.gradient_accumulation_steps // world_size)  # micro-steps of this process
-    tokens_per_iter = grad_accum * world_size * cfg.batch_size * cfg.block_size
+    # --- set-up: the checkpoint to continue, this process, data, model, optimizer --------------------------
+    ckpt, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS, MODEL_DEFAULTS)  # None: a new run
+    settings.check_schedule(cfg)  # settings that only make sense together (a resumed run's too)
+    run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
+    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
+    tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     data_dir, meta = prepare(cfg, run)
     model = build_model(cfg, given, meta, ckpt).to(run.dev)
     if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
         run.say(check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
-    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, rank, world_size,
+    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
-    iter_num, tokens, best_val_loss = 0, 0, float("inf")  # the loop's counters
-    if ckpt is not None:
-        iter_num, tokens, best_val_loss = ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
-        load_optimizer_state(optimizer, ckpt)
-        train_loader.load_state_dict(ckpt["loader"])
-    start_iter, resuming, ckpt = iter_num, ckpt is not None, None  # (free the checkpoint's memory)
+    iter_num, tokens, best_val_loss = restore(ckpt, optimizer, train_loader)  # the loop's counters
     if run.writes:  # this process owns out_dir from here on: its lock, log.jsonl and config.json
-        start_run_dir(run, iter_num if resuming else None)
+        start_run_dir(run, iter_num if ckpt is not None else None)
+    start_iter = iter_num  # a resumed run was evaluated here before it stopped
+    del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta)
     raw_model, model = model, compiled_and_wrapped(model, cfg, run)
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
@@ -261,7 +308,7 @@ def train(cfg, given=frozenset()):
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
-        torch.manual_seed(cfg.seed + 1000003 * iter_num + rank)
+        torch.manual_seed(cfg.seed + 1000003 * iter_num + run.rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
             if run.ddp:  # sync gradients only at the last micro-step
@@ -291,40 +338,9 @@ def train(cfg, given=frozenset()):
     if run.writes:
         run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
         unlock_run_dir(cfg.out_dir)
-    end_process(run.ddp)
+    if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+        torch.distributed.barrier()
     return raw_model
-
-
-def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
-    cfg = run.cfg
-    run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
-    if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
-        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
-    run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
-            f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
-        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
-                "(context-free token frequencies)")
-
-
-def compiled_and_wrapped(model, cfg, run):
-    """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
-    gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
-    if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
-        run.say("compiling the model... (takes a minute)")
-        model = torch.compile(model)
-    if run.ddp and not cfg.eval_only:  # DDP syncs gradients, and evaluation has none
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
-    if not cfg.eval_only:
-        # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
-        # compile a graph for aliased arguments, and the loop's first step would compile again)
-        x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
-        y = torch.zeros_like(x)
-        with run.ctx:
-            model(x, y)[1].backward()
-        model.zero_grad(set_to_none=True)
-    return model
 
 
 def main(argv=None):
@@ -336,6 +352,8 @@ def main(argv=None):
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
         sys.exit(interrupted(cfg))  # how to go on: resume from the checkpoint, or the same command again
+    finally:
+        end_process()  # the DDP group goes at every exit, error or not
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """
-hardware.py: the machine a run uses and the processes on it, apart from the model: this process's place in a
-DDP run, its device, dtype and autocast context, the DDP group, and CPU memory.
+hardware.py: the machine a run uses and the processes on it, apart from the model: this process's Run (its
+place in a DDP run, device, dtype, autocast context and printer), the DDP group, and CPU memory.
 """
 import ctypes
 import os
@@ -53,49 +53,82 @@ def pick_device(name, local_rank=None):
 
 
 def pick_device_and_dtype(cfg, local_rank):
-    """The device (pick_device) and its dtype: bf16 where supported, else fp16 on GPUs; float32 on CPU."""
+    """(device, dtype): the device (pick_device) and its dtype: bf16 where the GPU computes it (sm_80 and
+    newer; a T4, sm_75, only emulates it), else fp16 (with a grad scaler) on GPUs; float32 on CPU."""
+    if local_rank is not None and ":" in cfg.device:  # as in nanoGPT, process LOCAL_RANK takes its own GPU
+        raise ConfigError(f"device={cfg.device!r} under torchrun would put every process on one GPU; use "
+                          "--device=cuda: each process takes cuda:LOCAL_RANK")
     dev, device_type = pick_device(cfg.device, local_rank)
     dt = cfg.dtype
     if dt == "auto" and device_type == "cuda":
-        dt = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        dt = "bfloat16" if torch.cuda.get_device_capability(dev)[0] >= 8 else "float16"
     elif dt == "auto":
         dt = "float32"
     if device_type == "cpu" and dt == "float16":
         raise ConfigError("dtype='float16' is not supported on CPU; use float32 or bfloat16")
-    return dev, device_type, dt
+    return dev, dt
 
 
-def join_group(backend, rank, world_size):
+class Run:
+    """This process's part of a run: its settings, its place among the DDP processes (local_rank: None outside
+    torchrun), device, dtype and autocast context. say prints on the master; log writes log.jsonl, once
+    rundir.start_run_dir has opened it."""
+
+    def __init__(self, cfg, rank, local_rank, world_size, dev, dtype):
+        self.cfg, self.rank, self.local_rank, self.world_size = cfg, rank, local_rank, world_size
+        self.dev, self.dtype = dev, dtype
+        self.device_type = dev.split(":")[0]
+        mixed = torch.autocast(self.device_type, dtype=getattr(torch, dtype)) if dtype != "float32" else None
+        self.ctx = mixed or nullcontext()  # bf16/fp16 matmuls where the dtype is one, float32 otherwise
+        self.ddp = local_rank is not None  # started by torchrun
+        self.master = rank == 0  # only the master prints
+        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
+        self.run_log = None
+
+    def say(self, *args):
+        if self.master:
+            print(*args)
+
+    def log(self, record):
+        if self.run_log is not None:
+            self.run_log.write(record)
+
+
+def join_group(run):
     """init_process_group with env:// rendezvous, as nanoGPT starts it: rank 0's address and port come from
-    the variables torchrun sets (which also reports a node that never starts). Its failure is one line."""
+    the variables torchrun sets (which also reports a node that never starts); NCCL is bound to this process's
+    GPU at once, so that its errors come here. The failure is one line."""
+    backend, device_id = ("nccl", torch.device(run.dev)) if run.device_type == "cuda" else ("gloo", None)
     try:
-        torch.distributed.init_process_group(backend, rank=rank, world_size=world_size)
+        torch.distributed.init_process_group(backend, rank=run.rank, world_size=run.world_size,
+                                             device_id=device_id)
     except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
         raise ConfigError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, choose a "
                           "free MASTER_PORT and, on CPUs, check GLOO_SOCKET_IFNAME (a network interface "
                           "here)") from None
 
 
-def start_process(cfg, rank, local_rank, world_size):
-    """The device, its dtype and autocast context; the DDP group when torchrun started us; the seed."""
-    dev, device_type, dt = pick_device_and_dtype(cfg, local_rank)
-    if local_rank is not None:
-        if device_type == "cuda":
-            torch.cuda.set_device(dev)
-        join_group("nccl" if device_type == "cuda" else "gloo", rank, world_size)
+def start_process(cfg):
+    """This process's Run: its place in the DDP run (if torchrun started it), device, dtype and autocast
+    context; the DDP group joined; the seed set."""
+    rank, local_rank, world_size = ddp_env()
+    run = Run(cfg, rank, local_rank, world_size, *pick_device_and_dtype(cfg, local_rank))
+    if run.ddp:
+        if run.device_type == "cuda":
+            torch.cuda.set_device(run.dev)
+        join_group(run)
     torch.manual_seed(cfg.seed)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    if device_type == "cpu":
+    if run.device_type == "cpu":
         keep_freed_memory()  # fewer page faults per step
-    ctx = nullcontext() if dt == "float32" else torch.autocast(device_type, dtype=getattr(torch, dt))
-    return dev, device_type, dt, ctx
+    return run
 
 
-def end_process(ddp):
-    """Every rank reaches the end before the DDP group goes: gloo aborts a process whose peers are gone."""
-    if ddp:
-        torch.distributed.barrier()
+def end_process():
+    """Leave the DDP group, if this process joined one: at every exit, error or not (else torch warns)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
 
 def keep_freed_memory():
     """Training on a CPU: let glibc keep the memory a step frees for the next, not page-fault it in again each

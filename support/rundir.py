@@ -162,7 +162,9 @@ def before_first_checkpoint(line):
 
 def interrupted(cfg):
     """What Ctrl-C says: how to go on from what out_dir holds (cfg None: stopped while reading settings)."""
-    if cfg is not None and not cfg.eval_only and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
+    if cfg is not None and cfg.eval_only:
+        return "interrupted: eval_only writes nothing (nothing is lost): run the same command again"
+    if cfg is not None and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
         return "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
     return "interrupted before any checkpoint was written (nothing is lost): run the same command again"
 
@@ -306,28 +308,7 @@ class RunLog:
 
 
 # -----------------------------------------------------------------------------
-# this process's part of a run, as train.py's loop sees it, and what it writes into the run directory
-
-class Run:
-    """This process's settings, place among the DDP processes (local_rank: None outside torchrun), device,
-    dtype and autocast context; say prints on the master, log writes log.jsonl (opened by start_run_dir)."""
-
-    def __init__(self, cfg, rank, world_size, local_rank, dev, device_type, dtype, ctx):
-        self.cfg, self.rank, self.world_size, self.local_rank = cfg, rank, world_size, local_rank
-        self.dev, self.device_type, self.dtype, self.ctx = dev, device_type, dtype, ctx
-        self.ddp = local_rank is not None  # started by torchrun
-        self.master = rank == 0  # only the master prints
-        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
-        self.run_log = None
-
-    def say(self, *args):
-        if self.master:
-            print(*args)
-
-    def log(self, record):
-        if self.run_log is not None:
-            self.run_log.write(record)
-
+# what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, resume_iter):
     """Claim out_dir (claim_run_dir), then start its log, then write config.json: a config.json without a log

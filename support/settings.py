@@ -1,16 +1,16 @@
 """
 train.py's settings beyond their defaults: each value's rule, the settings that only make sense together, what
 a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained model fixes.
-The model's settings are the fields of the GPTConfig that train.py passes in; GPTConfig checks their values.
+The model's settings are GPTConfig's fields (train.py passes in their defaults), which GPTConfig checks.
 """
 import importlib.util
 import os
 from dataclasses import fields
 
 from operators import OPS, all_controls
-from support.configurator import (SEED, ConfigError, at_least, check, configure, in_range, nonempty, one_of,
+from support.configurator import (SEED, ConfigError, at_least, check, in_range, nonempty, one_of,
                                   optional, requires)
-from support.hardware import device_rule
+from support.hardware import ddp_env, device_rule
 from support.pretrained import PRETRAINED
 from support.rundir import load_checkpoint
 
@@ -34,29 +34,20 @@ def model_keys(config):  # GPTConfig's settings (the data sets vocab_size, the o
     return [f.name for f in fields(config) if f.name not in ("vocab_size", "controls")]
 
 
-def defaults(train_defaults, GPTConfig):
-    """train.py's own settings, GPTConfig's fields and every op's controls (read now: ops may come later)."""
-    model = {f.name: f.default for f in fields(GPTConfig) if f.name in model_keys(GPTConfig)}
-    return {**train_defaults, **model, **all_controls()}
-
-
-def parse(train_defaults, argv, script, GPTConfig):
-    """(cfg, given): the settings, and the keys that a config file or the command line set. GPTConfig checks
-    the model's settings, here, before any file or device is touched (a checkpoint brings its own)."""
-    help_from = [("", script), ("", GPTConfig)] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
-    cfg, given = configure(defaults(train_defaults, GPTConfig), argv, RULES, help_from=help_from)
-    if not continues_checkpoint(cfg):
-        config, controls = model_settings(cfg, given, GPTConfig)
-        GPTConfig(**config, controls=controls)
-    return cfg, given
+def defaults(train_defaults, model_defaults):
+    """Every setting and its default: train.py's own, the model's (GPTConfig's fields) and every op's controls
+    (read now: an op may be registered after train.py is imported)."""
+    return {**train_defaults, **model_defaults, **all_controls()}
 
 
 def continues_checkpoint(cfg):  # out_dir's checkpoint is resumed, or evaluated (eval_only, no other model)
     return cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")
 
 
-def check_schedule(cfg, world_size):
-    """Settings that only make sense together: checked before any device or file is touched."""
+def check_schedule(cfg):
+    """Settings that only make sense together (with the number of DDP processes too): checked before any
+    device or file is touched."""
+    world_size = ddp_env()[2]
     if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
                           f"of the number of processes ({world_size})")
@@ -68,12 +59,12 @@ def check_schedule(cfg, world_size):
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
 
 
-def resume_from_checkpoint(cfg, given, everything):
+def resume_from_checkpoint(cfg, given, train_defaults, model_defaults):
     """(ckpt, changed): the checkpoint in out_dir when this run continues (init_from=resume) or evaluates it
-    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed.
-    everything: defaults() of every setting."""
+    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed."""
     if not continues_checkpoint(cfg):
         return None, []
+    everything = defaults(train_defaults, model_defaults)
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
     rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
     changed = []
@@ -105,16 +96,17 @@ def check_same_data(ckpt, meta, dataset):
                           f"tokenizer or vocabulary); {fix}")
 
 
-def model_settings(cfg, given, GPTConfig):
-    """(GPTConfig's settings, the op's controls) as cfg sets them: the chosen op's controls, and any given."""
+def model_settings(cfg, given, model_defaults):
+    """GPTConfig's arguments as cfg sets them: the model's settings, and the chosen op's controls (those given
+    too, which GPTConfig refuses if they are another op's)."""
     chosen = OPS[cfg.op].controls if cfg.op in OPS else {}  # an unknown op: GPTConfig names it
     controls = {k: getattr(cfg, k) for k in all_controls() if k in chosen or k in given}
-    return {k: getattr(cfg, k) for k in model_keys(GPTConfig)}, controls
+    return {**{k: getattr(cfg, k) for k in model_defaults}, "controls": controls}
 
 
 def adopt_model_settings(cfg, given, config, source):
-    """A checkpoint or GPT-2 fixes the architecture: a model setting given explicitly that differs from it is
-    refused, never silently ignored; cfg is then set to what runs (config: the model's GPTConfig)."""
+    """A checkpoint or GPT-2 (source) fixes the architecture: a model setting given explicitly that differs
+    from it is refused, never silently ignored; cfg is then set to what runs (config: the model's config)."""
     keys = model_keys(config)
     built = {**{k: getattr(config, k) for k in keys}, **config.controls}
     for k in sorted(given & (set(keys) | set(all_controls())) - set(RESUME_MAY_CHANGE)):

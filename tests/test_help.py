@@ -22,7 +22,7 @@ from support import settings
 from support.configurator import comments
 
 SCRIPTS = {  # script -> (its settings, how it is asked for --help)
-    "train": (lambda: settings.defaults(train.DEFAULTS, train.GPTConfig),
+    "train": (lambda: settings.defaults(train.DEFAULTS, train.MODEL_DEFAULTS),
               lambda: train.parse_config(["--help"])),
     "sample": (lambda: sample.DEFAULTS, lambda: sample.main(["--help"])),
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),

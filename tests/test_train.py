@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from support.dataloader import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
-from helpers import ROOT, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (workdir is a fixture)
+from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (a fixture)
 
 def weights(path):
     return torch.load(path, weights_only=True)["model"]
@@ -100,26 +101,41 @@ def test_learning_rate_when_warmup_ends_where_decay_ends():
     assert [get_lr(it, c) for it in range(7)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 0.1, 0.1])
 
 
-@pytest.mark.parametrize("args, local_rank, cuda, bf16, mps, picked", [
-    (["--device=auto"], None, False, False, False, ("cpu", "cpu", "float32")),  # float32 on CPU
-    # allowed on CPU
-    (["--device=cpu", "--dtype=bfloat16"], None, False, False, False, ("cpu", "cpu", "bfloat16")),
-    (["--device=auto"], None, False, False, True, ("mps", "mps", "float32")),  # mps before cpu
-    # cuda first, bf16 where supported
-    (["--device=auto"], None, True, True, True, ("cuda", "cuda", "bfloat16")),
-    (["--device=cuda"], None, True, False, False, ("cuda", "cuda", "float16")),  # else fp16 (with a scaler)
-    (["--device=cuda"], 3, True, True, False, ("cuda:3", "cuda", "bfloat16")),  # DDP: the process' own GPU
-    (["--device=cuda"], 0, True, True, False, ("cuda:0", "cuda", "bfloat16")),  # rank 0's too
-    (["--device=cuda:1", "--dtype=float32"], None, True, True, False, ("cuda:1", "cuda", "float32")),
+@pytest.mark.parametrize("args, local_rank, cuda, sm, mps, picked", [
+    (["--device=auto"], None, False, None, False, ("cpu", "float32")),  # float32 on CPU
+    (["--device=cpu", "--dtype=bfloat16"], None, False, None, False, ("cpu", "bfloat16")),  # allowed on CPU
+    (["--device=auto"], None, False, None, True, ("mps", "float32")),  # mps before cpu
+    # cuda first, bf16 where the GPU computes it: sm_80 (A100) and newer
+    (["--device=auto"], None, True, (8, 0), True, ("cuda", "bfloat16")),
+    (["--device=cuda"], None, True, (9, 0), False, ("cuda", "bfloat16")),  # H100
+    (["--device=cuda"], None, True, (12, 0), False, ("cuda", "bfloat16")),  # RTX 50x0
+    # else fp16 (with a scaler): a T4 (sm_75) only emulates bf16, which torch's is_bf16_supported() counts
+    (["--device=cuda"], None, True, (7, 5), False, ("cuda", "float16")),
+    (["--device=cuda"], None, True, (7, 0), False, ("cuda", "float16")),  # V100
+    (["--device=cuda"], 3, True, (8, 0), False, ("cuda:3", "bfloat16")),  # DDP: the process' own GPU
+    (["--device=cuda"], 0, True, (8, 0), False, ("cuda:0", "bfloat16")),  # rank 0's too
+    (["--device=cuda:1", "--dtype=float32"], None, True, (8, 0), False, ("cuda:1", "float32")),
 ])
-def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, bf16, mps, picked):
+def test_device_and_dtype_are_picked(monkeypatch, args, local_rank, cuda, sm, mps, picked):
+    """The queries a GPU answers, forced: availability, count and each device's compute capability."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     def device_count():
         return 8 if cuda else 0  # cuda:3 is there
     monkeypatch.setattr(torch.cuda, "device_count", device_count)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: sm)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # torch's own
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert pick_device_and_dtype(parse_config(args)[0], local_rank) == picked
+
+
+def test_one_gpu_named_for_every_torchrun_process_is_refused(monkeypatch):
+    """--device=cuda:N under torchrun would put every process on GPU N (NCCL then fails in a traceback):
+    each process takes cuda:LOCAL_RANK, as in nanoGPT."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    with pytest.raises(ConfigError, match=r"^device='cuda:0' under torchrun would put every process on one "
+                                          r"GPU; use --device=cuda: each process takes cuda:LOCAL_RANK$"):
+        pick_device_and_dtype(parse_config(["--device=cuda:0"])[0], 1)
 
 
 def test_a_device_this_machine_lacks_is_refused(monkeypatch):
@@ -359,10 +375,11 @@ def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys)
     files = {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")}
     last = read_log("out/e", "eval")[-1]
     capsys.readouterr()
-    for extra in ([], ["--init_from=resume"]):
+    for extra in ([], ["--init_from=resume"], ["--compile=True"]):  # evaluation runs the model uncompiled
         run("--max_iters=4", "--eval_only=True", "--out_dir=out/e", *extra)
-        assert (f"step 4: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}"
-                in capsys.readouterr().out)
+        out = capsys.readouterr().out
+        assert f"step 4: train loss {last['train_loss']:.4f}, val loss {last['val_loss']:.4f}" in out
+        assert "compiling" not in out
         assert {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")} == files
 
 
@@ -488,12 +505,56 @@ def test_nan_in_the_validation_loss_alone_stops_too(workdir, monkeypatch):
         run("--max_iters=4", "--eval_interval=2", "--out_dir=out/vnan")
 
 
+@pytest.mark.parametrize("dev, backend, device_id", [("cuda:1", "nccl", torch.device("cuda:1")),
+                                                     ("cpu", "gloo", None)])
+def test_nccl_is_bound_to_the_process_gpu_when_the_group_starts(monkeypatch, dev, backend, device_id):
+    """NCCL gets device_id, so that the communicator forms (and fails, in join_group's one line) at once,
+    not at the first collective; gloo gets none."""
+    calls = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    cfg = parse_config(["--dtype=float32"])[0]
+    hardware.join_group(hardware.Run(cfg, rank=3, local_rank=1, world_size=4, dev=dev, dtype="float32"))
+    assert calls == [((backend,), dict(rank=3, world_size=4, device_id=device_id))]
+
+
+@pytest.fixture
+def group_of_one(monkeypatch):
+    """What torchrun sets for a DDP run of one process (gloo, here); no group is left to the next test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    torchrun_sets = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    for k, v in torchrun_sets.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("stop", ["error", "Ctrl-C", "finished"])
+def test_every_exit_leaves_the_ddp_group(workdir, group_of_one, monkeypatch, stop):
+    """Once the group has started, main leaves it at every exit, error or not: torch warns on every rank
+    otherwise (gloo does not, so the test watches the call)."""
+    destroy, left = torch.distributed.destroy_process_group, []
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: left.append(destroy()))
+    def ctrl_c(cfg, run):
+        raise KeyboardInterrupt
+    if stop == "Ctrl-C":
+        monkeypatch.setattr(train, "prepare", ctrl_c)
+    argv = QUICK + ["--dataset=nothing_here" if stop == "error" else "--out_dir=out/ddp"]
+    try:
+        train.main(argv)
+    except SystemExit as e:
+        assert e.code.startswith({"error": "error: dataset data/nothing_here", "Ctrl-C": "interrupted"}[stop])
+    assert left == [None] and not torch.distributed.is_initialized()
+
+
 def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, monkeypatch):
     class Started(Exception):
         pass
 
-    def join_group(backend, rank, world_size):
-        raise Started(f"{backend}, rank {rank} of {world_size}")
+    def join_group(run):
+        raise Started(f"{run.device_type}, rank {run.rank} of {run.world_size}")
     monkeypatch.setattr(hardware, "join_group", join_group)
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):  # what torchrun sets, 2 processes
         monkeypatch.setenv(k, v)
@@ -501,7 +562,7 @@ def test_ddp_needs_accumulation_steps_divisible_among_the_processes(workdir, mon
                                           r"of processes \(2\)$"):
         run("--gradient_accumulation_steps=3", "--max_iters=1", "--out_dir=out/ddp")
     # 4 = 2 × 2: accepted, the group starts (gloo on CPU)
-    with pytest.raises(Started, match="^gloo, rank 0 of 2$"):
+    with pytest.raises(Started, match="^cpu, rank 0 of 2$"):
         run("--gradient_accumulation_steps=4", "--max_iters=1", "--out_dir=out/ddp")
     assert not os.path.exists("out/ddp")
 
@@ -580,6 +641,29 @@ def test_a_kernel_one_percent_off_stops_the_run_before_anything_is_written(workd
     assert steps == [] and not os.path.exists("out/k")
 
 
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_resumed_run_is_checked_as_a_new_one(workdir, monkeypatch, resumed):
+    """The set-up checks a run that continues a checkpoint as it checks a new one: settings that must agree,
+    the model's settings (GPTConfig), and the fused kernel against float64 (here planted 1% off), each in one
+    line before any step; the run directory is as it was."""
+    kernel = pytest.importorskip("kernel")
+    if resumed:
+        run("--max_iters=2", "--eval_interval=2", "--out_dir=out/r")
+    before = {f: open(f"out/r/{f}", "rb").read() for f in os.listdir("out/r")} if resumed else {}
+    args = TINY + ["--max_iters=4", "--out_dir=out/r"] + (["--init_from=resume"] if resumed else [])
+    right = kernel.mix_attention
+    monkeypatch.setattr(kernel, "mix_attention", lambda *a, **kw: 1.01 * right(*a, **kw))
+    for given, says in ((["--save_every=3", "--eval_interval=2"], "save_every=3 must be a multiple of "),
+                        (["--impl=triton", "--dropout=0.1"], "impl='triton' is not allowed: the fused kernel "
+                                                             "has no attention dropout"),
+                        (["--impl=triton"], "kernel check: the fused Triton kernel failed on cpu, float32")):
+        with pytest.raises(SystemExit) as e:
+            train.main(args + given)
+        assert str(e.value.code).startswith("error: " + says), e.value.code
+    after = {f: open(f"out/r/{f}", "rb").read() for f in os.listdir("out/r")} if resumed else {}
+    assert after == before and os.path.exists("out/r") == resumed
+
+
 def test_a_checkpoint_saved_with_impl_auto_resumes_as_sdpa_and_says_so(workdir, capsys):
     """impl='auto' is gone: a run saved with it continues with impl='sdpa' (the default), and prints that."""
     run("--max_iters=2", "--eval_interval=2", "--out_dir=out/old")
@@ -605,17 +689,39 @@ def test_cpu_compile_compiles_once(workdir):
     assert "iter 3:" in p.stdout and "ecompil" not in p.stderr, p.stderr
 
 
+def two_nodes(args, env):
+    """2 processes as torchrun starts one on each of two nodes: RANK 0 and 1, both LOCAL_RANK 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    ranks = [subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**env, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for rank in (0, 1)]
+    out = [p.communicate(timeout=300) for p in ranks]
+    return SimpleNamespace(returncode=max(p.returncode for p in ranks), stdout=out[0][0],
+                           stderr="".join(err for _, err in out))
+
+
 @pytest.mark.slow
-def test_ddp_two_processes_match_one(workdir):
-    """torchrun, gloo, 2 CPU processes: a step and an evaluation equal one process's, same global batch."""
+@pytest.mark.parametrize("layout", ["one node", "two nodes"])
+def test_ddp_two_processes_match_one(workdir, layout):
+    """gloo, 2 CPU processes, started by torchrun on one node, or as on two nodes (RANK ≠ LOCAL_RANK: the data
+    is RANK's share, the device LOCAL_RANK's): a step and an evaluation equal one process's, same global
+    batch."""
     args = TINY + ["--op=mix", "--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=2"]
     # the windows that 2 ranks × 2 batches see
     run(*args[len(TINY):], "--eval_iters=4", "--out_dir=out/single")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        os.path.join(ROOT, "train.py"), *args, "--out_dir=out/ddp"],
-                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if layout == "one node":
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        p = subprocess.run([*torchrun, os.path.join(ROOT, "train.py"), *args, "--out_dir=out/ddp"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    else:
+        p = two_nodes(args + ["--out_dir=out/ddp"], env)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "destroy_process_group" not in p.stderr  # torch's warning when a process leaves the group behind
     single, ddp = weights("out/single/ckpt.pt"), weights("out/ddp/ckpt.pt")
     for k in single:
         assert torch.allclose(single[k], ddp[k], atol=1e-5), k
