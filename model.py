@@ -3,7 +3,7 @@ nanoCorridor's GPT: nanoGPT's model with one new idea, the operator each head ap
 
 Head h computes (a_h·I + b_h·P)·V instead of attention's P·V, with (a, b) from the HeadOperator that
 `GPTConfig.op` names (operators.py: attention, laplacian, mix = δ(γI + P), mix_alpha, mix_ab). The one new
-line is in CausalSelfAttention.forward. `GPT.gamma_delta()` reports every head's effective γ = a/b, δ = b.
+line is in CausalSelfAttention.heads. `GPT.gamma_delta()` reports every head's effective γ = a/b, δ = b.
 
 Classroom demo (prints one head's T×T operator and checks the corridor identity):
     python model.py --op=laplacian
@@ -165,7 +165,6 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self.sampling_head = None  # while generating on a CPU: lm_head's weight as (C, V), see generate
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by 1/√(2·n_layer)
             if name.endswith("c_proj.weight"):
@@ -196,8 +195,6 @@ class GPT(nn.Module):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
         if targets is None:  # inference: only the last position's logits are needed
-            if self.sampling_head is not None:  # generate's (C, V) copy of lm_head.weight
-                return x[:, [-1], :] @ self.sampling_head, None
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
@@ -257,31 +254,23 @@ class GPT(nn.Module):
         and values: a new token computes only its own q, k, v and head outputs, as decoders really do.
         use_cache=False: a full forward over the whole (cropped) context per token, as nanoGPT's generate."""
         block_size, cache = self.config.block_size, None
-        # every token reads all V·C weights of lm_head once; on a CPU, MKL streams a (C, V) copy of them up
-        # to ~2.4x faster than nn.Linear's (V, C) layout (docs/benchmarks.md). It lives while we generate,
-        # when the weights cannot change, and is never saved
-        if self.lm_head.weight.device.type == "cpu":
-            self.sampling_head = self.lm_head.weight.t().contiguous()  # (C, V)
-        try:
-            for _ in range(max_new_tokens):
-                # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT crops
-                if cache is None or cache[0]["k"].size(2) == block_size:
-                    cache = [{} for _ in self.transformer.h] if use_cache else None
-                    logits, _ = self(idx[:, -block_size:], cache=cache)  # (once full: for every token)
-                else:  # the cache holds every position but the newest token's
-                    logits, _ = self(idx[:, -1:], cache=cache)
-                logits = logits[:, -1, :]  # (B, vocab_size)
-                if temperature == 0:
-                    idx_next = logits.argmax(-1, keepdim=True)
-                else:
-                    logits = logits / temperature
-                    if top_k is not None:
-                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                        logits[logits < v[:, [-1]]] = -float("inf")
-                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-                idx = torch.cat((idx, idx_next), dim=1)
-        finally:
-            self.sampling_head = None
+        for _ in range(max_new_tokens):
+            # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT crops
+            if cache is None or cache[0]["k"].size(2) == block_size:
+                cache = [{} for _ in self.transformer.h] if use_cache else None
+                logits, _ = self(idx[:, -block_size:], cache=cache)  # (once full: for every token)
+            else:  # the cache holds every position but the newest token's
+                logits, _ = self(idx[:, -1:], cache=cache)
+            logits = logits[:, -1, :]  # (B, vocab_size)
+            if temperature == 0:
+                idx_next = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
     @classmethod

@@ -1,6 +1,5 @@
 """
-The KV-cache GPT.generate, the (C, V) copy of the output layer it samples from on CPUs,
-bench.py --what=sample and sample.py --init_from=gpt2.
+The KV-cache GPT.generate, bench.py --what=sample and sample.py --init_from=gpt2.
 
 The reference is nanoGPT's generate, written here again: a full forward over the whole (cropped) context for
 every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op
@@ -132,50 +131,6 @@ def test_a_batch_of_prompts_generates_what_each_prompt_generates_alone():
 def test_a_prompt_longer_than_block_size_is_cropped_as_nanogpt_does():
     model, idx = tiny_model("mix"), prompts(T=BLOCK + 3)
     assert torch.equal(model.generate(idx, 4, temperature=0), full_forward_per_token(model, idx, 4)[0])
-
-
-# --- the output layer generate samples from on a CPU: a (C, V) copy of lm_head's weight, for one call
-
-
-def wide_head_model():
-    """V = 1000 ≫ C = 32, as GPT-2's vocabulary is to its width."""
-    torch.manual_seed(0)
-    config = GPTConfig(block_size=BLOCK, vocab_size=1000, n_layer=1, n_head=2, n_embd=32, impl="sdpa")
-    return GPT(config).eval()
-
-
-def test_generate_samples_from_a_copy_of_the_head_that_ends_with_the_call(monkeypatch):
-    model, keys = wide_head_model(), list(wide_head_model().state_dict())
-    heads = []
-    forward = model.forward
-
-    def recording(*args, **kwargs):
-        heads.append(model.sampling_head)
-        if len(heads) == 4:
-            raise KeyboardInterrupt  # the user stops sampling
-        return forward(*args, **kwargs)
-    monkeypatch.setattr(model, "forward", recording)
-    with pytest.raises(KeyboardInterrupt):
-        model.generate(prompts(), 5)
-    assert all(torch.equal(h, model.lm_head.weight.t()) and h.is_contiguous() for h in heads)
-    assert model.sampling_head is None and list(model.state_dict()) == keys  # gone, and never saved
-    monkeypatch.undo()
-    model.generate(prompts(), 2)
-    assert model.sampling_head is None
-
-
-def test_after_a_fused_adamw_step_every_path_sees_the_new_head():
-    """Fused AdamW changes the weights without bumping their version counter: nothing may keep an old copy."""
-    model, idx = wide_head_model(), prompts(B=2)
-    model.generate(idx, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    model(idx, idx)[1].backward()
-    optimizer.step()
-    want, want_seen = full_forward_per_token(model, idx, 3)  # autograd on: nn.Linear, never the copy
-    with torch.no_grad():
-        assert torch.allclose(model(idx)[0][:, -1], want_seen[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(model.generate(idx, 3, temperature=0), want)
-    assert torch.equal(model.generate(idx, 3, temperature=0, use_cache=False), want)
 
 
 # --- bench.py --what=sample ---------------------------------------------------------------------------------
