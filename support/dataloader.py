@@ -70,11 +70,6 @@ class ShardFile:
         self.close() if error is None else self.discard()
 
 
-def write_shard(path, tokens):
-    with ShardFile(path) as shard:
-        shard.write(tokens)
-
-
 def read_shard(path, vocab_size=None):
     """Validate a shard and return its tokens as a read-only memmap (nothing is loaded into RAM)."""
     try:

@@ -16,7 +16,7 @@ import tiktoken
 
 import prepare_data as pd
 import train
-from support.dataloader import write_shard
+from support.dataloader import ShardFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py and the scripts are
 # a model small enough that a few iterations take about a second on one CPU core
@@ -42,6 +42,12 @@ def read_log(out_dir, event=None):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         records = [json.loads(line) for line in f]
     return [r for r in records if event is None or r["event"] == event]
+
+
+def write_shard(path, tokens):
+    """One shard holding tokens, as prepare_data.py writes shards."""
+    with ShardFile(path) as shard:
+        shard.write(tokens)
 
 
 def char_dataset(name, chars, n=3000):

@@ -403,7 +403,7 @@ def test_a_hand_edited_log_is_never_cut_short(finished_run, line, words):
 
 @pytest.mark.slow
 def test_resume_on_another_dataset_is_refused(finished_run):
-    from support.dataloader import write_shard
+    from helpers import write_shard
     os.makedirs("data/abc")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/abc/abc_{split}_00000{n}.bin", [0, 1, 2] * 300)
@@ -672,7 +672,7 @@ def test_a_good_checkpoint_loads_and_a_directory_is_none(workdir):
 
 
 def test_dataset_without_meta_json(workdir):
-    from support.dataloader import write_shard
+    from helpers import write_shard
     os.makedirs("data/half")
     for split, n in (("val", 0), ("train", 1)):
         write_shard(f"data/half/half_{split}_00000{n}.bin", list(range(100)) * 10)

@@ -25,11 +25,11 @@ from support import hellaswag
 import prepare_data as pd
 from support import dataloader as dl
 import train
-from support.dataloader import DataError, ValSet, read_shard, write_shard
+from support.dataloader import DataError, ValSet, read_shard
 from model import GPT, GPTConfig
 from support.dataloader import token_bytes
 from helpers import (QUICK, ROOT, TINY, FakeHub, char_dataset, parquet_bytes, read_log, run,  # noqa: F401
-                     tiny_enc, workdir)  # (tiny_enc and workdir are fixtures)
+                     tiny_enc, workdir, write_shard)  # (tiny_enc and workdir are fixtures)
 
 
 def printed_val_loss(out):

@@ -127,7 +127,7 @@ def test_a_folder_holding_files_no_run_wrote_is_refused_untouched(workdir, files
 
 def test_fine_tuning_into_the_pretrained_folder_is_refused(workdir):
     transformers = pytest.importorskip("transformers")
-    from support.dataloader import write_shard
+    from helpers import write_shard
     config = transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=1, n_head=2, vocab_size=100)
     hf = transformers.GPT2LMHeadModel(config)
     hf.save_pretrained("tiny-gpt2")

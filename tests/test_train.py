@@ -26,13 +26,13 @@ import torch
 from support import hardware
 import train
 from support.configurator import ConfigError, configure
-from support.dataloader import unigram_loss, write_shard
+from support.dataloader import unigram_loss
 from support.hardware import pick_device_and_dtype
 from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from support.dataloader import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
-from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, workdir  # noqa: F401 (a fixture)
+from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, workdir, write_shard  # noqa: F401
 
 def weights(path):
     return torch.load(path, weights_only=True)["model"]
