@@ -62,8 +62,8 @@ lr_decay_iters = None  # cosine decay to min_lr over this many steps; None: max_
 min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
-device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1'
-dtype = "auto"  # auto: bfloat16 where supported, else float16 (with a grad scaler) on GPUs; float32 on CPU
+device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1' (torchrun: cuda, each process its own)
+dtype = "auto"  # auto: bfloat16 on sm_80+ GPUs, else float16 (with a grad scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 DEFAULTS = {k: v for k, v in globals().items()
