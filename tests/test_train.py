@@ -505,6 +505,23 @@ def test_nan_in_the_validation_loss_alone_stops_too(workdir, monkeypatch):
         run("--max_iters=4", "--eval_interval=2", "--out_dir=out/vnan")
 
 
+def test_a_process_on_a_second_node_takes_its_gpu_from_local_rank(monkeypatch):
+    """Node 2 of 2, GPU 1 of 2 (queries forced): RANK 3 of 4 says which share of the data, LOCAL_RANK 1 which
+    GPU; CUDA's current device is set to it before the group starts."""
+    for k, v in dict(RANK="3", LOCAL_RANK="1", WORLD_SIZE="4").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # autocast's
+    current = []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(hardware, "join_group", lambda run: current.append(f"joined as rank {run.rank}"))
+    run = hardware.start_process(parse_config(["--device=cuda"])[0])
+    assert (run.rank, run.local_rank, run.world_size, run.dev, run.dtype) == (3, 1, 4, "cuda:1", "bfloat16")
+    assert current == ["cuda:1", "joined as rank 3"] and run.ddp and not run.master
+
+
 @pytest.mark.parametrize("dev, backend, device_id", [("cuda:1", "nccl", torch.device("cuda:1")),
                                                      ("cpu", "gloo", None)])
 def test_nccl_is_bound_to_the_process_gpu_when_the_group_starts(monkeypatch, dev, backend, device_id):
