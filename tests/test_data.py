@@ -28,7 +28,7 @@ import torch
 from support import dataloader as dl
 import prepare_data as pd
 from support.dataloader import DataError, ShardLoader
-from helpers import FakeHub, parquet_bytes, tiny_enc  # noqa: F401 (tiny_enc is a fixture)
+from helpers import FakeHub, parquet_bytes, tiny_enc, write_shard  # noqa: F401 (tiny_enc is a fixture)
 
 DOCS = ["Hello world, this is the first document.\nIt has two lines.",
         "The second one: numbers 12345 and ünïcödé ✓.",
@@ -57,7 +57,7 @@ def run_cli(*args):
 
 def test_header_round_trip(tmp_path):
     path = str(tmp_path / "x_train_000001.bin")
-    dl.write_shard(path, [0, 1, 65535, 7])
+    write_shard(path, [0, 1, 65535, 7])
     header = np.fromfile(path, dtype="<i4", count=256)
     assert header[:3].tolist() == [20240520, 1, 4] and not header[3:].any()
     assert os.path.getsize(path) == 256 * 4 + 4 * 2
@@ -65,21 +65,21 @@ def test_header_round_trip(tmp_path):
     assert not os.path.exists(path + ".tmp")
     for bad in (65536, -1):  # would wrap around in uint16: refused, and no shard is left
         with pytest.raises(dl.DataError, match="token ids must fit in uint16"):
-            dl.write_shard(str(tmp_path / "y_train_000001.bin"), [0, bad])
+            write_shard(str(tmp_path / "y_train_000001.bin"), [0, bad])
     assert not os.path.exists(tmp_path / "y_train_000001.bin")
 
 
 def corrupt(path, case):
     """Write a shard at path broken in one way."""
     tokens = np.arange(100, dtype=np.uint16)
-    dl.write_shard(path, tokens)
+    write_shard(path, tokens)
     header = np.fromfile(path, dtype="<i4", count=256)
     if case in ("magic", "version", "count", "extra"):
         header[{"magic": 0, "version": 1, "count": 2, "extra": 2}[case]] += 1 if case != "extra" else -1
         with open(path, "r+b") as f:
             f.write(header.tobytes())
     elif case == "short":
-        dl.write_shard(path, tokens[:10])
+        write_shard(path, tokens[:10])
 
 
 @pytest.mark.parametrize("case, message", [
@@ -100,9 +100,9 @@ def test_corrupt_shards(tmp_path, case, message):
 def test_vocab_check_is_exact(tmp_path):
     """A token id equal to vocab_size is already out of range; vocab_size - 1 is the last one allowed."""
     path = str(tmp_path / "x_train_000001.bin")
-    dl.write_shard(path, [0, 49, 3])
+    write_shard(path, [0, 49, 3])
     assert dl.read_shard(path, vocab_size=50).tolist() == [0, 49, 3]
-    dl.write_shard(path, [0, 50, 3])
+    write_shard(path, [0, 50, 3])
     with pytest.raises(DataError, match="token id 50 is >= the model's vocab_size 50"):
         dl.read_shard(path, vocab_size=50)
 
@@ -111,7 +111,7 @@ def test_an_empty_shard_is_just_a_header_and_a_shorter_file_is_refused(tmp_path)
     """A shard of 0 tokens is the 1024-byte header alone, read back (vocab check included) as no tokens; a
     file one byte shorter than the header is not a shard."""
     path = str(tmp_path / "x_train_000001.bin")
-    dl.write_shard(path, np.array([], dtype=np.uint16))
+    write_shard(path, np.array([], dtype=np.uint16))
     assert (os.path.getsize(path) == 1024
             and np.fromfile(path, dtype="<i4", count=3).tolist() == [20240520, 1, 0])
     assert dl.read_shard(path).tolist() == [] and dl.read_shard(path, vocab_size=10).tolist() == []
@@ -475,7 +475,7 @@ def test_ensure_prepared_says_how_to_prepare(tmp_path, monkeypatch):
 
 
 def test_missing_meta_is_an_error(tmp_path):
-    dl.write_shard(str(tmp_path / "x_train_000001.bin"), [1, 2, 3])
+    write_shard(str(tmp_path / "x_train_000001.bin"), [1, 2, 3])
     with pytest.raises(DataError, match="has no meta.json"):
         dl.load_meta(str(tmp_path))
 
@@ -924,7 +924,7 @@ def write_counting_shards(data_dir, sizes):
     """Shards whose tokens count up 0, 1, 2, ... across them all, so every token says where it came from."""
     start = 0
     for i, n in enumerate(sizes):
-        dl.write_shard(os.path.join(data_dir, f"c_train_{i + 1:06d}.bin"), np.arange(start, start + n))
+        write_shard(os.path.join(data_dir, f"c_train_{i + 1:06d}.bin"), np.arange(start, start + n))
         start += n
 
 
@@ -967,8 +967,8 @@ def test_an_epoch_visits_every_window_once_in_shuffled_order(tmp_path):
 
 def test_unigram_baseline_by_hand(tmp_path):
     """Train counts of token 0, 1: 3, 1 (add-one smoothed: 4/6, 2/6); val holds one 0 and one 1."""
-    dl.write_shard(str(tmp_path / "u_train_000001.bin"), [0, 0, 0, 1])
-    dl.write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
+    write_shard(str(tmp_path / "u_train_000001.bin"), [0, 0, 0, 1])
+    write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
     assert dl.unigram_loss(str(tmp_path), vocab_size=2) == pytest.approx(-(np.log(4 / 6) + np.log(2 / 6)) / 2)
 
 
@@ -1044,7 +1044,7 @@ def test_a_shard_of_exactly_one_batch_is_enough(tmp_path, world_size):
         firsts = sorted(x[i, 0].item() for x, _ in xs for i in range(2))
         assert firsts == list(range(0, need - 1, 8))  # the only windows there are, offset clamped to 0
         assert all((y == x + 1).all() and x.shape == (2, 8) for x, y in xs)
-    dl.write_shard(str(tmp_path / "c_train_000001.bin"), np.arange(need - 1))
+    write_shard(str(tmp_path / "c_train_000001.bin"), np.arange(need - 1))
     with pytest.raises(DataError, match=f"c_train_000001.bin: {need - 1} tokens is shorter than one batch of "
                                         f"world_size\\*batch_size\\*block_size\\+1 = {need}; use a smaller "
                                         "batch or block, or prepare the data with a larger --shard_size$"
@@ -1084,9 +1084,9 @@ def test_load_state_dict_refuses_a_negative_shard(tmp_path):
 def test_unigram_baseline_smooths_over_the_whole_vocabulary(tmp_path):
     """Tokens that never occur still get add-one mass: vocab_size 4, train counts 2, 1, 0, 0 -> p = 3/7, 2/7,
     1/7, 1/7; val holds 0, 1 and the unseen 3, across two val shards."""
-    dl.write_shard(str(tmp_path / "u_train_000001.bin"), [0, 1])
-    dl.write_shard(str(tmp_path / "u_train_000002.bin"), [0])
-    dl.write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
-    dl.write_shard(str(tmp_path / "u_val_000001.bin"), [3])
+    write_shard(str(tmp_path / "u_train_000001.bin"), [0, 1])
+    write_shard(str(tmp_path / "u_train_000002.bin"), [0])
+    write_shard(str(tmp_path / "u_val_000000.bin"), [0, 1])
+    write_shard(str(tmp_path / "u_val_000001.bin"), [3])
     expected = -(np.log(3 / 7) + np.log(2 / 7) + np.log(1 / 7)) / 3
     assert dl.unigram_loss(str(tmp_path), vocab_size=4) == pytest.approx(expected, rel=1e-12)

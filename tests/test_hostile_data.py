@@ -17,7 +17,7 @@ from support import dataloader as dl
 import prepare_data as pd
 import train
 from support.dataloader import DataError, ShardLoader
-from helpers import QUICK
+from helpers import QUICK, write_shard
 
 BOOK = "a small book of words, read again and again. " * 40
 
@@ -81,7 +81,7 @@ def test_a_long_name_blames_the_name_not_out_dir(workdir):
 def test_train_refuses_a_dataset_name_that_is_a_pattern(workdir):
     prepare_text("pydocs")
     os.makedirs("data/py*")  # made by hand, or by an older prepare_data.py that allowed such names
-    dl.write_shard("data/py*/x_train_000001.bin", [1] * 50)
+    write_shard("data/py*/x_train_000001.bin", [1] * 50)
     for name in ("py*", "b[1]", "../data/pydocs"):
         message = train_error(f"--dataset={name}")
         assert message.startswith(f"error: --dataset={name!r} must be a plain folder name")
@@ -92,7 +92,7 @@ def test_shards_are_found_in_the_folder_named_not_in_folders_a_glob_matches(work
     """A folder whose name holds glob characters is that folder: data/py* is not data/pydocs."""
     prepare_text("pydocs")
     os.makedirs("data/py*")
-    dl.write_shard("data/py*/x_train_000001.bin", [1] * 50)
+    write_shard("data/py*/x_train_000001.bin", [1] * 50)
     assert dl.find_shards("data/py*", "train") == ["data/py*/x_train_000001.bin"]
     data_dir = prepare_text("b1", out="da[t]a")  # an out_dir with brackets still finds its own shards
     assert [os.path.basename(p) for p in dl.find_shards(data_dir, "val")] == ["b1_val_000000.bin"]
@@ -110,7 +110,7 @@ def test_a_dataset_that_lost_a_shard_does_not_look_prepared(workdir):
     assert one_line(excinfo).startswith("data/t is damaged: its train shards hold ")
     assert str(excinfo.value).endswith("(a shard is missing, extra or replaced); prepare the dataset again")
     assert not pd.prepared_from(data_dir, None)
-    dl.write_shard(train_shards[-1], [1, 2, 3])  # a shard of other tokens under the lost one's name
+    write_shard(train_shards[-1], [1, 2, 3])  # a shard of other tokens under the lost one's name
     with pytest.raises(DataError, match="is damaged"):
         dl.load_meta(data_dir)
 
@@ -245,13 +245,13 @@ def test_a_shard_temporary_that_is_a_link_is_replaced_not_written_through(workdi
     open("victim", "w").write("precious")
     os.makedirs("d")
     plant("d/x_train_000001.bin.tmp", os.path.abspath("victim"))
-    dl.write_shard("d/x_train_000001.bin", [1, 2, 3])
+    write_shard("d/x_train_000001.bin", [1, 2, 3])
     assert open("victim").read() == "precious" and dl.read_shard("d/x_train_000001.bin").tolist() == [1, 2, 3]
 
 
 @pytest.mark.parametrize("kind", ["link to a good shard", "link to /dev/zero", "FIFO"])
 def test_a_shard_must_be_a_regular_file(workdir, kind):
-    dl.write_shard("good.bin", [1, 2, 3])
+    write_shard("good.bin", [1, 2, 3])
     os.makedirs("d")
     shard = "d/x_train_000001.bin"
     if kind == "FIFO":
@@ -278,7 +278,7 @@ def test_meta_json_tokens_of_the_wrong_type_are_one_line(tmp_path, tokens):
 
 
 def counting_loader(tmp_path):
-    dl.write_shard(str(tmp_path / "x_train_000001.bin"), list(range(200)))
+    write_shard(str(tmp_path / "x_train_000001.bin"), list(range(200)))
     return ShardLoader(str(tmp_path), "train", batch_size=2, block_size=10)  # 19 windows
 
 
