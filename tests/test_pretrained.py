@@ -77,6 +77,13 @@ def test_save_pretrained_with_the_tied_head_saved(tmp_path):
     assert_loads_as(hf, str(tmp_path))
 
 
+def test_an_untied_head_is_refused_not_tied_silently(workdir):
+    """This GPT ties its head to the embedding, as GPT-2 does: a head of its own would be dropped unseen."""
+    tiny_gpt2(tie_word_embeddings=False).save_pretrained("untied")  # a head trained apart from wte
+    assert one_line_error(sample.main, ["--init_from=untied", "--max_new_tokens=1"]).startswith(
+        "error: untied/model.safetensors: lm_head.weight differs from the embedding transformer.wte.weight")
+
+
 def test_save_pretrained_in_shards_with_an_index(saved, tmp_path):
     hf = saved[0]
     hf.save_pretrained(tmp_path, max_shard_size="20KB")
