@@ -19,7 +19,6 @@ from support import hardware
 from support import rundir
 import sample
 import train
-from support.configurator import ConfigError, open_regular, read_regular
 from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, workdir  # noqa: F401 (fixtures)
 
 RESUME = ["--init_from=resume", "--max_iters=4"]
@@ -82,21 +81,6 @@ def test_a_fifo_as_the_log_is_refused_not_waited_on(finished_run):
     os.mkfifo(f"{finished_run}/log.jsonl")
     assert_one_line(train_process(f"--out_dir={finished_run}", *RESUME, timeout=60),
                     f"{finished_run}/log.jsonl is a FIFO (named pipe), not a regular file")
-
-
-def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
-    open("file", "w").write("text")
-    os.symlink("file", "link")
-    os.mkfifo("fifo")
-    os.makedirs("folder")
-    assert open_regular("file").read() == b"text"
-    kinds = (("link", "a symbolic link"), ("fifo", r"a FIFO \(named pipe\)"), ("folder", "a folder"),
-             ("/dev/zero", "a device"))
-    for path, kind in kinds:
-        with pytest.raises(ConfigError, match=f"^{path} is {kind}, not a regular file"):
-            open_regular(path)
-    with pytest.raises(ConfigError, match="file is larger than 3 bytes"):
-        read_regular("file", 3)
 
 
 @pytest.mark.slow
