@@ -3,7 +3,8 @@ OpenAI's GPT-2 weights for GPT.from_pretrained: a hub name (gpt2 .. gpt2-xl, dow
 cache) or a local folder saved with transformers' save_pretrained, read as config.json and model.safetensors
 (or its shards) and checked before any model is built: a GPT-2 config (model_type "gpt2", GPT-2's GELU and
 MLP) with sizes in range, then exactly the tensors GPT-2 of that config has, by name and shape, floating
-point and finite. safetensors hold only tensors, so no pickled code ever runs (pytorch_model.bin is refused).
+point and finite (a saved lm_head only as a copy of the embedding: GPT-2 ties them, and so does this GPT).
+safetensors hold only tensors, so no pickled code ever runs (pytorch_model.bin is refused).
 Every refusal is one ValueError that names the file and says what to do.
 """
 import contextlib
@@ -45,6 +46,7 @@ def gpt2_weights(name_or_path):
              "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
     with contextlib.ExitStack() as stack:
         found = {}  # GPT-2's name (without "transformer.") -> (the open file, the name in it, its path)
+        head = None  # lm_head.weight, where saved: (the open file, the name in it, its path)
         for path in files:
             try:
                 f = stack.enter_context(safe_open(path, framework="pt"))
@@ -53,6 +55,8 @@ def gpt2_weights(name_or_path):
                                   f"or incomplete; {SAVE_AGAIN}") from None
             for key in f.keys():
                 name = key.removeprefix("transformer.")
+                if name == "lm_head.weight":
+                    head = (f, key, path)
                 if not IGNORED.fullmatch(name):
                     found[name] = (f, key, path)
         layers = {n.split(".")[1] for n in found if re.match(r"h\.\d+\.", n)}
@@ -75,6 +79,10 @@ def gpt2_weights(name_or_path):
             if not w.is_floating_point() or not torch.isfinite(w).all():
                 raise ConfigError(f"{path}: {key} is not finite floating-point numbers; {SAVE_AGAIN}")
             weights["transformer." + name] = w
+        if head and not torch.equal(head[0].get_tensor(head[1]), weights["transformer.wte.weight"]):
+            raise ConfigError(f"{head[2]}: {head[1]} differs from the embedding transformer.wte.weight; "
+                              "this GPT ties its head to the embedding, as GPT-2 does: an untied head cannot "
+                              "be loaded")
     return dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
                 n_head=config["n_head"], n_embd=C), weights
 

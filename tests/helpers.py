@@ -3,6 +3,7 @@ What the test files share: the repository's root, tiny training settings, runnin
 reading a run's log, one-line errors, a tiny GPT-2-shaped tokenizer and a fake Hugging Face hub.
 No test file imports another; they import from here.
 """
+import hashlib
 import json
 import os
 from types import SimpleNamespace
@@ -93,10 +94,13 @@ def tiny_enc(monkeypatch):
 class FakeHub:
     """Stands in for the Hugging Face hub (get_paths_info and hf_hub_download): lists and serves the files a
     test wrote (served[name] replaces a file's content in downloads only), records every download, and fails
-    on request: info_error on the listing, error at download number fail_at."""
+    on request: info_error on the listing, error at download number fail_at. A download into local_dir is a
+    regular file there, as the hub writes it; one without goes into the cache folder `cache` as
+    huggingface_hub lays it out: the bytes in blobs/, named by their hash, and snapshots/<commit>/<name> a
+    relative link to that blob; refs/main (the revision) names the commit."""
 
-    def __init__(self, monkeypatch, files):
-        self.files, self.served, self.downloads = files, {}, []
+    def __init__(self, monkeypatch, files, cache=None):
+        self.files, self.served, self.downloads, self.cache = files, {}, [], cache
         self.info_error = self.error = self.fail_at = None
         # huggingface_hub serves its names through a module __getattr__: the fakes go into the module's dict,
         # and undoing that deletes them again, whatever monkeypatch.setattr's undo does for dynamic attributes
@@ -110,7 +114,9 @@ class FakeHub:
             raise self.info_error
         return [SimpleNamespace(path=p, size=len(self.files[p])) for p in paths if p in self.files]
 
-    def hf_hub_download(self, repo_id, filename, repo_type, revision, local_dir):
+    def hf_hub_download(self, repo_id, filename, repo_type="model", revision=None, local_dir=None):
+        if local_dir is None:
+            return self.download_to_cache(repo_id, filename, repo_type, revision or "main")
         path = os.path.join(local_dir, filename)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if len(self.downloads) == self.fail_at:
@@ -120,6 +126,33 @@ class FakeHub:
         with open(path, "wb") as f:
             f.write(self.served.get(filename, self.files[filename]))
         return path
+
+    def download_to_cache(self, repo_id, filename, repo_type, revision):
+        """Into the cache as huggingface_hub lays it out; the path huggingface_hub itself then finds there."""
+        data = self.served.get(filename, self.files[filename])
+        repo = os.path.join(self.cache, f"{repo_type}s--{repo_id.replace('/', '--')}")
+        # an LFS file's blob is named by its sha256, a small file's by its git blob hash (sha1)
+        lfs = filename.endswith(".safetensors")
+        blob = os.path.join(repo, "blobs", hashlib.sha256(data).hexdigest() if lfs else
+                            hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+        commit = hashlib.sha1(repo_id.encode()).hexdigest()  # any 40 hex digits
+        link = os.path.join(repo, "snapshots", commit, filename)
+        for folder in (os.path.dirname(blob), os.path.join(repo, "refs"), os.path.dirname(link)):
+            os.makedirs(folder, exist_ok=True)
+        if len(self.downloads) == self.fail_at:
+            open(blob + ".incomplete", "wb").close()  # as the hub leaves one
+            raise self.error
+        self.downloads.append(filename)
+        with open(blob, "wb") as f:
+            f.write(data)
+        with open(os.path.join(repo, "refs", revision), "w") as f:
+            f.write(commit)
+        if not os.path.lexists(link):
+            os.symlink(os.path.relpath(blob, os.path.dirname(link)), link)  # ../../blobs/<hash>
+        found = huggingface_hub.try_to_load_from_cache(repo_id, filename, cache_dir=self.cache,
+                                                       revision=revision, repo_type=repo_type)
+        assert found == link, found  # the layout is the one huggingface_hub reads
+        return found
 
 
 def parquet_bytes(columns):

@@ -19,7 +19,6 @@ from support import hardware
 from support import rundir
 import sample
 import train
-from support.configurator import ConfigError, open_regular, read_regular
 from helpers import QUICK, ROOT, finished_run, one_line_error, train_error, workdir  # noqa: F401 (fixtures)
 
 RESUME = ["--init_from=resume", "--max_iters=4"]
@@ -82,21 +81,6 @@ def test_a_fifo_as_the_log_is_refused_not_waited_on(finished_run):
     os.mkfifo(f"{finished_run}/log.jsonl")
     assert_one_line(train_process(f"--out_dir={finished_run}", *RESUME, timeout=60),
                     f"{finished_run}/log.jsonl is a FIFO (named pipe), not a regular file")
-
-
-def test_open_regular_refuses_links_fifos_folders_and_devices(workdir):
-    open("file", "w").write("text")
-    os.symlink("file", "link")
-    os.mkfifo("fifo")
-    os.makedirs("folder")
-    assert open_regular("file").read() == b"text"
-    kinds = (("link", "a symbolic link"), ("fifo", r"a FIFO \(named pipe\)"), ("folder", "a folder"),
-             ("/dev/zero", "a device"))
-    for path, kind in kinds:
-        with pytest.raises(ConfigError, match=f"^{path} is {kind}, not a regular file"):
-            open_regular(path)
-    with pytest.raises(ConfigError, match="file is larger than 3 bytes"):
-        read_regular("file", 3)
 
 
 @pytest.mark.slow
@@ -325,75 +309,6 @@ def test_a_gpu_this_node_lacks_is_that_ranks_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(hardware.ConfigError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\)"):
         hardware.pick_device_and_dtype(train.parse_config(["--device=cuda", "--dtype=float32"])[0], 2)
-
-
-# --- GPT-2 folders handed to us (init_from, sample.py --init_from): checked before anything is built
-
-
-def edit_json(path, **changes):
-    config = json.load(open(path))
-    config.update(changes)
-    json.dump(config, open(path, "w"))
-
-
-def truncate(path, keep):
-    data = open(path, "rb").read()
-    open(path, "wb").write(data[:keep(len(data))])
-
-
-def extra_tensor(folder):
-    from safetensors.torch import load_file, save_file
-    path = os.path.join(folder, "model.safetensors")
-    tensors = load_file(path)
-    save_file({**tensors, "transformer.h.0.attn.gate": torch.zeros(3)}, path, metadata={"format": "pt"})
-
-
-def pickled_only(folder):
-    os.remove(os.path.join(folder, "model.safetensors"))
-    torch.save({"wte.weight": torch.zeros(1)}, os.path.join(folder, "pytorch_model.bin"))
-
-
-def broken_index(folder):
-    os.remove(os.path.join(folder, "model.safetensors"))
-    open(os.path.join(folder, "model.safetensors.index.json"), "w").write('{"weight_map": ')  # cut short
-
-
-def linked_weights(folder):
-    path = os.path.join(folder, "model.safetensors")
-    os.rename(path, "elsewhere.safetensors")
-    os.symlink(os.path.abspath("elsewhere.safetensors"), path)
-
-
-@pytest.mark.parametrize("spoil, words", [
-    (lambda d: edit_json(f"{d}/config.json", n_embd=64), "has shape (96,) but config.json implies (192,)"),
-    (lambda d: truncate(f"{d}/model.safetensors", lambda n: n // 2), "cannot be read as safetensors"),
-    (lambda d: truncate(f"{d}/model.safetensors", lambda n: 0), "cannot be read as safetensors"),
-    (pickled_only, "holds only pickled (or TensorFlow) weights, which can run code"),
-    (lambda d: edit_json(f"{d}/config.json", model_type="bert"), "describes model_type 'bert', not 'gpt2'"),
-    (lambda d: edit_json(f"{d}/config.json", n_layer=10**6), "n_layer=1000000 must be a whole number in"),
-    (lambda d: edit_json(f"{d}/config.json", n_layer=500), "says n_layer=500 but the weights hold 2"),
-    (lambda d: edit_json(f"{d}/config.json", activation_function="relu"), "GPT-2's MLP only"),
-    (lambda d: open(f"{d}/config.json", "w").write("{not json"), "config.json is not JSON"),
-    (broken_index, "model.safetensors.index.json is not a safetensors index"),
-    (extra_tensor, "unexpected tensor transformer.h.0.attn.gate"),
-    (linked_weights, "is a symbolic link, not a regular file"),
-])
-def test_a_gpt2_folder_is_checked_before_anything_is_built(workdir, monkeypatch, spoil, words):
-    """A local GPT-2 folder that contradicts itself, is cut short, is not GPT-2 or carries pickled weights:
-    one line naming the file, from sample.py and from GPT.from_pretrained, before any model is built."""
-    transformers = pytest.importorskip("transformers")
-    from model import GPT
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                                              vocab_size=100))
-    hf.save_pretrained("tiny-gpt2")
-    GPT.from_pretrained("tiny-gpt2")  # the unspoiled folder loads
-    spoil("tiny-gpt2")
-    built = []
-    monkeypatch.setattr(GPT, "__init__", lambda *args, **kwargs: built.append(1))
-    assert words in one_line_error(sample.main, ["--init_from=tiny-gpt2", "--max_new_tokens=1"])
-    with pytest.raises(ConfigError, match="tiny-gpt2"):
-        GPT.from_pretrained("tiny-gpt2")
-    assert built == []
 
 
 # --- Ctrl-C in every script: one line, and no file left half-written ---------------------------------------
