@@ -7,7 +7,7 @@ Settings start at a script's defaults; config files (Python that assigns names),
 (a Python literal, else text) override them. Each setting is checked once, here: an unknown key gets a "did
 you mean", a bad value one line that names the key and says what is allowed. Scripts read cfg.learning_rate.
 --help prints the script's docstring, then every setting with its default and the comment beside it.
-It also holds open_regular, the one way every script opens a file it parses or writes.
+It opens with open_regular, the one way every script opens a file it parses or writes (config files too).
 """
 import difflib
 import errno
@@ -32,6 +32,64 @@ def why(e):
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
 
 
+# -----------------------------------------------------------------------------
+# Every file we parse or write is opened here. A folder someone hands us (a dataset, a run directory) may hold
+# a link to /dev/zero (reads forever), a FIFO (blocks forever) or a link to a file a write would overwrite: so
+# the open follows no final symbolic link (O_NOFOLLOW), waits on no FIFO (O_NONBLOCK), and must find a regular
+# file. Folders on the way are followed: the user named them (data/ may well live on another disk).
+
+SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
+              "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,  # read and append, creating it if missing (a lock)
+              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
+KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
+                 stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
+
+
+def not_regular(path, mode):
+    kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
+    return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
+                       "through a link)")
+
+
+def refuse_unless_regular(path):
+    """Raise the ConfigError of not_regular when path is there but is not a regular file."""
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
+        raise not_regular(path, os.lstat(path).st_mode)
+
+
+def open_regular(path, mode="rb", encoding=None):
+    """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb" reads, "ab+"
+    reads and appends, creating it, "wb" creates it anew (removing a stale one); encoding: a text file."""
+    if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
+        os.remove(path)  # removes a link itself, never what it points to
+    try:
+        fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
+    except OSError as e:
+        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
+        if e.errno in refused and os.path.lexists(path):
+            raise not_regular(path, os.lstat(path).st_mode) from None
+        raise
+    st_mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(st_mode):
+        os.close(fd)
+        raise not_regular(path, st_mode)
+    f = os.fdopen(fd, mode)
+    return f if encoding is None else io.TextIOWrapper(f, encoding=encoding)
+
+
+def read_regular(path, limit):
+    """The bytes of the regular file path (as open_regular), refusing one larger than limit bytes: for small
+    metadata files, which a file of gigabytes could otherwise make us read until memory runs out."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{path} is larger than {limit:,} bytes, far more than such a file ever holds; it "
+                          "was replaced or comes from elsewhere")
+    return data
+
+
+# -----------------------------------------------------------------------------
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
 def requires(allowed, says):
@@ -193,60 +251,3 @@ def read_config_file(path):
             raise ConfigError(f"config file {path} failed: {why(e)}") from None
     return {k: v for k, v in scope.items()
             if not k.startswith("_") and not callable(v) and type(v).__name__ != "module"}
-
-
-# -----------------------------------------------------------------------------
-# Every file we parse or write is opened here. A folder someone hands us (a dataset, a run directory) may hold
-# a link to /dev/zero (reads forever), a FIFO (blocks forever) or a link to a file a write would overwrite: so
-# the open follows no final symbolic link (O_NOFOLLOW), waits on no FIFO (O_NONBLOCK), and must find a regular
-# file. Folders on the way are followed: the user named them (data/ may well live on another disk).
-
-SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
-              "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,  # read and append, creating it if missing (a lock)
-              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
-KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
-                 stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
-
-
-def not_regular(path, mode):
-    kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
-    return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
-                       "through a link)")
-
-
-def refuse_unless_regular(path):
-    """Raise the ConfigError of not_regular when path is there but is not a regular file."""
-    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
-        raise not_regular(path, os.lstat(path).st_mode)
-
-
-def open_regular(path, mode="rb", encoding=None):
-    """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb" reads, "ab+"
-    reads and appends, creating it, "wb" creates it anew (removing a stale one); encoding: a text file."""
-    if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
-        os.remove(path)  # removes a link itself, never what it points to
-    try:
-        fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
-    except OSError as e:
-        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
-        if e.errno in refused and os.path.lexists(path):
-            raise not_regular(path, os.lstat(path).st_mode) from None
-        raise
-    st_mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(st_mode):
-        os.close(fd)
-        raise not_regular(path, st_mode)
-    f = os.fdopen(fd, mode)
-    return f if encoding is None else io.TextIOWrapper(f, encoding=encoding)
-
-
-def read_regular(path, limit):
-    """The bytes of the regular file path (as open_regular), refusing one larger than limit bytes: for small
-    metadata files, which a file of gigabytes could otherwise make us read until memory runs out."""
-    with open_regular(path) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ConfigError(f"{path} is larger than {limit:,} bytes, far more than such a file ever holds; it "
-                          "was replaced or comes from elsewhere")
-    return data
