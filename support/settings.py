@@ -30,10 +30,6 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
 
-def model_keys(config):  # GPTConfig's settings (the data sets vocab_size, the op's own controls)
-    return [f.name for f in fields(config) if f.name not in ("vocab_size", "controls")]
-
-
 def defaults(train_defaults, model_defaults):
     """Every setting and its default: train.py's own, the model's (GPTConfig's fields) and every op's controls
     (read now: an op may be registered after train.py is imported)."""
@@ -107,7 +103,7 @@ def model_settings(cfg, given, model_defaults):
 def adopt_model_settings(cfg, given, config, source):
     """A checkpoint or GPT-2 (source) fixes the architecture: a model setting given explicitly that differs
     from it is refused, never silently ignored; cfg is then set to what runs (config: the model's config)."""
-    keys = model_keys(config)
+    keys = [f.name for f in fields(config) if f.name not in ("vocab_size", "controls")]
     built = {**{k: getattr(config, k) for k in keys}, **config.controls}
     for k in sorted(given & (set(keys) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
         if k not in built:
