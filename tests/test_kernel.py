@@ -305,8 +305,8 @@ def test_check_kernel_without_triton(monkeypatch):
 # -----------------------------------------------------------------------------
 # Compiling for real GPUs (no GPU needed): every kernel in every launch config of the table, for its GPUs.
 
-SHARED_LIMIT = {90: 232448, 80: 166912, 86: 101376, 120: 101376}  # bytes a block may use: 227, 163, 99, 99 KB
-TARGETS = {"sm_90": [90], "sm_80": [80], "sm_86": [86, 120]}  # the GPUs each generation's configs are for
+# the GPUs compiled for, and the shared memory bytes a block may use there: 163 KB, 99 KB or 227 KB
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 FP32_ARGS = {"LSE", "Delta", "DQ", "Sums"}  # pointer arguments that are fp32 whatever the input dtype
 
 
@@ -344,28 +344,35 @@ def _compile(name, constexprs, options, dtype, cc):
     return compiled.metadata.shared, regs, spills
 
 
-def compile_jobs():
-    """(kernel, constexprs, options, dtype, cc) for every kernel and launch config: each generation's bf16 and
-    fp16 configs for its GPUs, the fp32 ones (IEEE dots) for all of them."""
-    for generation, ccs in TARGETS.items():
-        for cc, dtype, D in itertools.product(ccs, ("bf16", "fp16", "fp32"), (64, 128)):
-            key, prec = ("fp32", "ieee") if dtype == "fp32" else (generation, "tf32")
-            configs = kernel.LAUNCH_CONFIGS[key, D <= 64]  # (forward, backward)
-            for name, (bm, bn, warps, stages) in zip(("_fwd_kernel", "_bwd_kernel"), configs):
-                consts = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PREC=prec)
-                yield name, consts, dict(num_warps=warps, num_stages=stages), dtype, cc
-            yield "_bwd_pre_kernel", dict(D=D, BLOCK=kernel.PRE_BLOCK), {}, dtype, cc
+def compile_jobs(monkeypatch):
+    """(kernel, constexprs, options, dtype, cc) for every kernel in the launch configs that each GPU of
+    SHARED_LIMIT gets from launch_configs (its capability forced), in bf16, fp16 and fp32 (IEEE dots)."""
+    for cc, dtype, D in itertools.product(SHARED_LIMIT, ("bf16", "fp16", "fp32"), (64, 128)):
+        gpu = types.SimpleNamespace(major=cc // 10, minor=cc % 10)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        configs = kernel.launch_configs(torch.device("cuda", 0), torch_dtype, D)  # (forward, backward)
+        for name, (bm, bn, warps, stages) in zip(("_fwd_kernel", "_bwd_kernel"), configs):
+            consts = dict(D=D, BLOCK_M=bm, BLOCK_N=bn, PREC="ieee" if dtype == "fp32" else "tf32")
+            yield name, consts, dict(num_warps=warps, num_stages=stages), dtype, cc
+        yield "_bwd_pre_kernel", dict(D=D, BLOCK=kernel.PRE_BLOCK), {}, dtype, cc
 
 
 @pytest.mark.slow
 def test_every_launch_config_compiles_for_its_gpus_without_spills(monkeypatch, tmp_path):
+    """What each GPU gets from launch_configs (sm_80, 86, 89, 90, 100, 120) compiles for it without register
+    spills, within its shared memory; every row of the table is among them (2 to 5 minutes on 2 cores)."""
     if _ptxas() is None:
         pytest.skip("this triton wheel ships no ptxas (triton/backends/nvidia/bin)")
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # workers import kernel.py with real @triton.jit kernels
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; 1 is what launches use
     monkeypatch.setenv("TRITON_DUMP_PTXAS_LOG", "1")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # a cached kernel would skip ptxas and its log
-    jobs = list(compile_jobs())
+    jobs = list(compile_jobs(monkeypatch))
+    compiled = {(name, c["D"] <= 64, (c["BLOCK_M"], c["BLOCK_N"], o["num_warps"], o["num_stages"]))
+                for name, c, o, _, _ in jobs if name != "_bwd_pre_kernel"}
+    for (_, small_d), (fwd, bwd) in kernel.LAUNCH_CONFIGS.items():  # every row of the table, for some GPU
+        assert {("_fwd_kernel", small_d, fwd), ("_bwd_kernel", small_d, bwd)} <= compiled
     workers = max(1, min(4, os.cpu_count() or 1))
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
@@ -427,10 +434,11 @@ def test_outputs_and_gradients_are_views_of_model_layout_memory():
 
 
 @pytest.mark.parametrize("cc, generation", [((7, 5), None), ((8, 0), "sm_80"), ((8, 6), "sm_86"),
-                                           ((8, 9), "sm_86"), ((9, 0), "sm_90"), ((12, 0), "sm_86")])
+                                           ((8, 9), "sm_86"), ((9, 0), "sm_90"), ((10, 0), "sm_100"),
+                                           ((12, 0), "sm_86")])
 def test_launch_configs_per_gpu(monkeypatch, cc, generation):
-    """One table entry per GPU generation, dtype and head size: Hopper's, the A100's, and the ~99 KB ones for
-    every other GPU from sm_80 on; fp32's on every GPU. Older GPUs are refused in one line."""
+    """One table entry per GPU generation, dtype and head size: Hopper's, the B200's, the A100's, and the
+    ~99 KB ones for every other GPU from sm_80 on; fp32's on every GPU. Older GPUs are refused in one line."""
     gpu = types.SimpleNamespace(major=cc[0], minor=cc[1])
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: gpu)
     cuda = torch.device("cuda", 0)
@@ -445,6 +453,19 @@ def test_launch_configs_per_gpu(monkeypatch, cc, generation):
             assert kernel.launch_configs(cuda, dtype, D) == kernel.LAUNCH_CONFIGS[generation, D <= 64]
         assert kernel.launch_configs(cuda, torch.float32, D) == kernel.LAUNCH_CONFIGS["fp32", D <= 64]
     assert kernel.launch_configs(CPU, torch.float32, 64) == kernel.SMALL  # the interpreter's
+
+
+def test_rocm_is_refused_in_one_line(monkeypatch):
+    """The kernel is built and checked for NVIDIA GPUs only. A ROCm GPU is refused in one line naming ROCm,
+    and never gets a table row by its capability: an MI250 (gfx90a) reports Hopper's (9, 0)."""
+    mi250 = types.SimpleNamespace(major=9, minor=0, gcnArchName="gfx90a")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: mi250)
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        with pytest.raises(ValueError) as e:
+            kernel.launch_configs(torch.device("cuda", 0), dtype, 64)
+        assert str(e.value) == ("mix_attention: the fused kernel is built for NVIDIA GPUs, not ROCm; "
+                                "use impl=sdpa")
 
 
 def test_fp32_dots_are_ieee():
