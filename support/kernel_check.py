@@ -105,12 +105,14 @@ def _device(device):  # "cuda" means the current CUDA device: name its index
 def check_kernel(device, dtype, head_size):
     """kernel.mix_attention, with the launch configs the model gets, against float64 on this device (a name
     or a torch.device), dtype (torch.bfloat16 or "bfloat16") and head size. Returns one line for the log.
-    Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong here or cannot run:
-    triton missing, a CPU without TRITON_INTERPRET=1, a GPU older than sm_80, a head size not in HEAD_DIMS."""
+    Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong here or cannot run
+    (triton missing, a CPU in bf16 or without TRITON_INTERPRET=1, ROCm, a GPU before sm_80, a head size)."""
     name = str(dtype).removeprefix("torch.")
     try:
         import kernel  # here, not at the top: train.py imports this file where triton may be missing
         device = _device(device)
+        if device.type == "cpu" and name == "bfloat16":  # the gate leaves bf16 out on a CPU too
+            raise ValueError("on a CPU, Triton's interpreter computes bf16 dots wrongly (float32 is right)")
         T = 301 if device.type == "cuda" else 77  # ragged, several tiles; shorter in the slow interpreter
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
             rows = accuracy(kernel.mix_attention, device, getattr(torch, name), head_size, T)

@@ -299,6 +299,14 @@ def test_check_kernel_refuses_a_planted_bug(monkeypatch):
                         r"16: out error 1\.0e-02 > 2\.0e-05; use impl=sdpa", message), message
 
 
+def test_check_kernel_refuses_bf16_on_a_cpu_and_says_why():
+    """Triton's interpreter computes bf16 dots wrongly (errors ~1e10): on a CPU, dtype=bfloat16 is refused
+    with that reason, not with the huge error it would show."""
+    assert check_kernel_refuses("cpu", "bfloat16", 16) == (
+        "kernel check: the fused Triton kernel failed on cpu, bfloat16, head size 16: ValueError: on a CPU, "
+        "Triton's interpreter computes bf16 dots wrongly (float32 is right); use impl=sdpa")
+
+
 def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
     """A head size the kernel is not built for, a CPU without the interpreter, a GPU older than sm_80: one
     line each, naming the reason."""
