@@ -648,10 +648,13 @@ def test_kernel_check_help_prints_help_and_checks_nothing():
 @pytest.mark.skipif(os.name == "nt", reason="sends SIGINT, which Windows' Popen cannot")
 def test_ctrl_c_in_the_kernel_gate_is_one_line():
     """Ctrl-C while the gate checks: one line, exit status 1. SIGINT goes once the gate has printed its
-    table's header, just before its checks start (minutes on a CPU); the timeouts allow for a busy machine."""
+    table's header, just before its checks start (minutes on a CPU); the timeouts allow for a busy machine.
+    The gate gets Python's default SIGINT handling, as in a shell, also where pytest started with SIGINT
+    ignored (in the background), which children inherit."""
     gate = subprocess.Popen([sys.executable, "-m", "support.kernel_check", "--tests=False", "--timing=False"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     watchdog = threading.Timer(600, gate.kill)  # a gate that never prints its header fails, not hangs
     watchdog.start()
     try:
@@ -662,6 +665,20 @@ def test_ctrl_c_in_the_kernel_gate_is_one_line():
         watchdog.cancel()
         gate.kill()
     assert gate.returncode == 1 and err == "interrupted: the kernel check did not finish\n", err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CUDA, reason="the gate's CPU path")
+def test_the_gate_passes_the_kernel_as_a_user_runs_it_on_a_cpu():
+    """python -m support.kernel_check in a plain shell on a CPU: no TRITON_INTERPRET in its environment (the
+    gate sets it; conftest.py sets it for every other child), the real kernel in the interpreter, exit
+    status 0 (1.5 to 3.5 minutes on 2 cores)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    gate = subprocess.run([sys.executable, "-m", "support.kernel_check", *GATE_CPU_PARTS],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=1200)
+    rows = [line for line in gate.stdout.splitlines() if line.startswith("| float")]
+    assert len(rows) == 4 and all(row.endswith("| pass |") for row in rows), gate.stdout + gate.stderr
+    assert gate.returncode == 0 and gate.stdout.endswith("kernel check passed\n"), gate.stdout + gate.stderr
 
 
 def test_sdpa_backend_is_named():
