@@ -8,11 +8,11 @@ writing the output tile. The backward is flash-attention-2: recompute P tile by 
 
     out = mix_attention(q, k, v, a, b)   # q, k, v: (B, H, T, D), any strides with a unit last one; a, b: (H,)
 
-The launch configs come from a fixed table per GPU generation (sm_80 or newer; older GPUs are refused), and
-on a CPU, under TRITON_INTERPRET=1, from the interpreter's small ones. Outputs and gradients are (B, H, T, D)
-views of (B, T, H, D) memory, where the model re-assembles the heads. Like SDPA's flash backward, dq is summed
-with fp32 atomics: its last bits vary. This file imports only torch and triton. Its checks, against float64
-in every launch config this machine may use: python -m support.kernel_check
+The launch configs come from a fixed table per GPU generation (NVIDIA sm_80 or newer; older GPUs and ROCm are
+refused), and on a CPU, under TRITON_INTERPRET=1, from the interpreter's small ones. Outputs and gradients are
+(B, H, T, D) views of (B, T, H, D) memory, where the model re-assembles the heads. Like SDPA's flash backward,
+dq is summed with fp32 atomics: its last bits vary. This file imports only torch and triton. Its checks,
+against float64 in every launch config this machine may use: python -m support.kernel_check
 """
 import contextlib
 import math
@@ -181,11 +181,13 @@ def _bwd_kernel(Q, K, V, A, Bc, DO, LSE, Delta, DQ, DK, DV, T, H, stride_b, stri
 # One launch config per GPU generation, dtype and head size: (BLOCK_M, BLOCK_N, num_warps, num_stages) of the
 # forward, then of the backward. Forward: BLOCK_N divides BLOCK_M (the diagonal is whole key tiles).
 # Backward: BLOCK_M divides BLOCK_N. test_kernel.py compiles every entry for its GPUs and checks that it fits
-# their shared memory without register spills: Hopper (sm_90) has 227 KB a block, an A100 (sm_80) 163 KB.
-# Every other GPU from sm_80 on (sm_86, sm_89, sm_120 ...: about 99 KB) gets configs that fit in 99 KB.
+# their shared memory without register spills: Hopper (sm_90) and B200 (sm_100) have 227 KB a block, an A100
+# (sm_80) 163 KB, every other GPU from sm_80 on (sm_86, sm_89, sm_120 ...) about 99 KB.
 LAUNCH_CONFIGS = {  # (generation for bf16 and fp16, or "fp32"; D ≤ 64) -> (forward, backward)
     ("sm_90", True): ((128, 64, 8, 3), (32, 128, 8, 2)),  # Hopper: all 5 backward matmuls on wgmma
     ("sm_90", False): ((128, 64, 8, 3), (16, 128, 8, 2)),
+    ("sm_100", True): ((128, 64, 8, 3), (32, 128, 8, 3)),  # B200: Hopper's but for the D ≤ 64 backward,
+    ("sm_100", False): ((128, 64, 8, 3), (16, 128, 8, 2)),  # which spills there (the A100's does not)
     ("sm_80", True): ((128, 64, 8, 3), (32, 128, 8, 3)),
     ("sm_80", False): ((128, 32, 8, 3), (16, 64, 8, 2)),
     ("sm_86", True): ((128, 64, 8, 3), (32, 128, 8, 3)),  # ~99 KB: the A100's but for the D = 128 backward
@@ -200,11 +202,13 @@ def launch_configs(device, dtype, D):
     """The (forward, backward) launch configs mix_attention uses on this device, dtype and head size D."""
     if device.type != "cuda":
         return SMALL
+    if torch.version.hip:  # Triton's AMD backend needs other configs (and an MI250 reports sm_90)
+        raise ValueError("mix_attention: the fused kernel is built for NVIDIA GPUs, not ROCm; use impl=sdpa")
     gpu = torch.cuda.get_device_properties(device)  # torch.compile reads it as a constant
     if gpu.major < 8:
         raise ValueError(f"mix_attention: the fused kernel needs an sm_80 or newer GPU, this is "
                          f"sm_{gpu.major}{gpu.minor}; use impl=sdpa")
-    generation = {(9, 0): "sm_90", (8, 0): "sm_80"}.get((gpu.major, gpu.minor), "sm_86")
+    generation = {(9, 0): "sm_90", (10, 0): "sm_100", (8, 0): "sm_80"}.get((gpu.major, gpu.minor), "sm_86")
     return LAUNCH_CONFIGS["fp32" if dtype == torch.float32 else generation, D <= 64]
 
 

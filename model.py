@@ -56,6 +56,9 @@ class GPTConfig:
             bad("dropout", "it must be in [0, 1)")
         if self.impl == "triton" and self.dropout:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+        if self.impl == "triton" and self.n_embd // self.n_head not in (16, 32, 64, 128):  # kernel.HEAD_DIMS
+            bad("impl", f"the fused kernel takes head sizes 16, 32, 64 and 128, not n_embd / n_head = "
+                        f"{self.n_embd // self.n_head}; use impl='sdpa'")
         Op = OPS[self.op]
         for key in self.controls:
             if key not in Op.controls:
@@ -78,7 +81,7 @@ class CausalSelfAttention(nn.Module):
         self.op = OPS[config.op](config.n_head, **config.controls)
         if config.impl == "triton":  # lazy: triton is imported only by the runs that ask for the kernel
             from kernel import mix_attention
-            self.fused = mix_attention
+            self.kernel = mix_attention
 
     def qkv(self, x):
         B, T, C = x.size()
@@ -105,7 +108,7 @@ class CausalSelfAttention(nn.Module):
         """Every head's (a·I + b·P)·V at all T positions, by the implementation config.impl names."""
         dropout_p = self.dropout if self.training else 0.0
         if self.impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
-            return self.fused(q, k, v, *self.op.coefficients())
+            return self.kernel(q, k, v, *self.op.coefficients())
         if self.impl == "materialized":  # the T×T operator itself: for teaching and tests
             return operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash

@@ -464,6 +464,9 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
     (dict(impl="triton", dropout=0.1),
      "impl='triton' is not allowed: the fused kernel has no attention dropout; use dropout=0.0 or "
      "impl='sdpa'"),
+    (dict(impl="triton", n_embd=192, n_head=4),
+     "impl='triton' is not allowed: the fused kernel takes head sizes 16, 32, 64 and 128, not n_embd / "
+     "n_head = 48; use impl='sdpa'"),
     (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
     (dict(op="attention", gamma_init=-0.5),
      "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
@@ -493,6 +496,18 @@ def test_impl_triton_without_triton_is_refused_by_the_config(monkeypatch):
         tiny("mix", impl="triton")
     assert str(e.value) == ("impl='triton' is not allowed: the triton package is not installed (Linux only); "
                             "use impl='sdpa'")
+
+
+def test_impl_triton_takes_exactly_the_kernels_head_sizes():
+    """GPTConfig refuses impl='triton' with a head size the kernel has no launch config for at once, where the
+    config is made (before a run prepares data), and takes every head size kernel.py's table has."""
+    kernel = pytest.importorskip("kernel")
+    for head_size in range(1, 257):
+        if head_size in kernel.HEAD_DIMS:
+            GPTConfig(n_head=2, n_embd=2 * head_size, impl="triton")
+        else:
+            with pytest.raises(ValueError, match=f"not n_embd / n_head = {head_size}; use impl='sdpa'"):
+                GPTConfig(n_head=2, n_embd=2 * head_size, impl="triton")
 
 
 def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit():

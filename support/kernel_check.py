@@ -21,7 +21,6 @@ import itertools
 import os
 import subprocess
 import sys
-import timeit
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +30,11 @@ from support.configurator import ConfigError, configure
 # -----------------------------------------------------------------------------
 # The float64 check. It takes the function under test, so that tests can plant wrong ones.
 
-# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: about 5 and 8-10 unit
-# roundoffs u for bf16 (u = 2^-8) and fp16 (2^-11). fp32's dots are IEEE (u = 2^-24), and its errors are
-# sums of roundoffs over T and D: measured in the interpreter at T = 77 and 301, D = 16 to 128, out ≤ 9e-7
-# and the gradients ≤ 1.8e-6. Its tolerances are about 5× that, 100× below TF32's errors (u = 2^-11).
-TOLERANCES = {torch.bfloat16: (2e-2, 3e-2), torch.float16: (2e-3, 5e-3), torch.float32: (5e-6, 1e-5)}
+# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: 3.6 to 6× the largest errors
+# of a correct kernel at T = 301, D = 16 to 128, in the interpreter with a GPU's arithmetic (each dot a
+# sequential fp32 FMA chain, bf16 rounded to nearest: test_kernel.py's gpu_like). bf16: out 3.3e-3, the
+# gradients 6.9e-3; fp16: 3.8e-4, 1.2e-3; fp32: 3.3e-6, 7.9e-6, and 10× below TF32's errors (~5e-4).
+TOLERANCES = {torch.bfloat16: (1.2e-2, 2.5e-2), torch.float16: (2e-3, 5e-3), torch.float32: (2e-5, 4e-5)}
 # one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels where P is
 # close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
 CHECK_HEADS = dict(a=[0.0, 1.0, -0.4 * 1.3, 0.3], b=[1.0, -1.0, 1.3, 0.8], q_scale=[8.0, 1.0, 1.0, 1.0])
@@ -87,7 +86,7 @@ def _error(x, ref):
 
 
 def failures(rows):
-    return [f"{name} error {err:.1e} > {tol:.0e}" for name, err, tol in rows if not err <= tol]  # NaN fails
+    return [f"{name} error {err:.1e} > {tol:.1e}" for name, err, tol in rows if not err <= tol]  # NaN fails
 
 
 def _first_line(e):  # an exception in one line, without the advice check_kernel adds itself
@@ -105,12 +104,14 @@ def _device(device):  # "cuda" means the current CUDA device: name its index
 def check_kernel(device, dtype, head_size):
     """kernel.mix_attention, with the launch configs the model gets, against float64 on this device (a name
     or a torch.device), dtype (torch.bfloat16 or "bfloat16") and head size. Returns one line for the log.
-    Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong here or cannot run:
-    triton missing, a CPU without TRITON_INTERPRET=1, a GPU older than sm_80, a head size not in HEAD_DIMS."""
+    Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong here or cannot run
+    (triton missing, a CPU in bf16 or without TRITON_INTERPRET=1, ROCm, a GPU before sm_80, a head size)."""
     name = str(dtype).removeprefix("torch.")
     try:
         import kernel  # here, not at the top: train.py imports this file where triton may be missing
         device = _device(device)
+        if device.type == "cpu" and name == "bfloat16":  # the gate leaves bf16 out on a CPU too
+            raise ValueError("on a CPU, Triton's interpreter computes bf16 dots wrongly (float32 is right)")
         T = 301 if device.type == "cuda" else 77  # ragged, several tiles; shorter in the slow interpreter
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
             rows = accuracy(kernel.mix_attention, device, getattr(torch, name), head_size, T)
@@ -120,9 +121,10 @@ def check_kernel(device, dtype, head_size):
     where = f"{device}, {name}, head size {head_size}"
     if bad:
         raise ValueError(f"kernel check: the fused Triton kernel failed on {where}: {bad[0]}; use impl=sdpa")
+    (_, out, out_tol), (_, _, grad_tol) = rows[0], rows[2]
     worst = max(err for _, err, _ in rows[2::2])  # of the five gradients
     return (f"kernel check: the fused Triton kernel matches float64 on {where} "
-            f"(out {rows[0][1]:.1e}, gradients ≤ {worst:.1e})")
+            f"(out error {out:.1e} ≤ {out_tol:.1e}, worst gradient error {worst:.1e} ≤ {grad_tol:.1e})")
 
 
 # -----------------------------------------------------------------------------
@@ -162,16 +164,14 @@ def check_accuracy(fn, device):
 
 
 def time_fwd_bwd(fn, device, dtype, shape):
-    """Median ms of fn's forward + backward at this shape, model layout: do_bench on a GPU, a clock on CPU."""
+    """Median ms of fn's forward + backward on this GPU at this shape, in the model's layout (do_bench)."""
+    from triton.testing import do_bench
     B, H, T, D = shape
     leaves, dout = model_inputs(B, H, T, D, dtype, device)
 
     def step():
         torch.autograd.grad(fn(*leaves), leaves, dout)
-    if device.type == "cuda":
-        from triton.testing import do_bench
-        return do_bench(step, warmup=10, rep=40, return_mode="median")
-    return sorted(timeit.repeat(step, number=1, repeat=3))[1] * 1000
+    return do_bench(step, warmup=10, rep=40, return_mode="median")
 
 
 def sdpa_backend(q, k, v):

@@ -228,3 +228,28 @@ def test_nanogpt_comparison_runs_end_to_end(stand_in_nanogpt, capsys):
     assert list(best) == ["nanoGPT", "ours, op=attention", "ours, op=mix"]
     assert all(ms > 0 for ms in best.values())
     assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
+
+
+# --- a compiled GPT-2-small step on a GPU ---------------------------------------------------------------
+
+
+def test_gpt2_step_measures_sdpa_alone_where_the_kernel_is_refused(monkeypatch, capsys):
+    """Where the fused kernel passes its check, both impls are measured; where it is refused (a T4: sm_75),
+    one line says impl=triton is skipped, and SDPA is measured. CUDA and the steps' timings are faked."""
+    t4 = ("kernel check: the fused Triton kernel failed on cuda:0, bfloat16, head size 64: ValueError: "
+          "mix_attention: the fused kernel needs an sm_80 or newer GPU, this is sm_75; use impl=sdpa")
+
+    def on_a_t4(device, dtype, head_size):
+        raise ValueError(t4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "gpt2_step_ms", {"triton": 30.0, "sdpa": 40.0}.get)
+    monkeypatch.setattr(bench, "check_kernel", lambda device, dtype, head_size: "kernel check: passed")
+    assert bench.main(["--what=gpt2_step"]) == {"triton": 30.0, "sdpa": 40.0}
+    assert capsys.readouterr().out.splitlines()[-2:] == ["| impl=triton | 30.0 | 0.750 |",
+                                                         "| impl=sdpa | 40.0 | 1.000 |"]
+    monkeypatch.setattr(bench, "check_kernel", on_a_t4)
+    assert bench.main(["--what=gpt2_step"]) == {"sdpa": 40.0}
+    assert capsys.readouterr().out.splitlines() == [
+        t4.removesuffix("; use impl=sdpa") + ": impl=triton is skipped",
+        "| GPT-2 small step (B=8, T=1024, bf16, compiled) | ms | × sdpa |", "|---|---|---|",
+        "| impl=sdpa | 40.0 | 1.000 |"]
