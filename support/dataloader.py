@@ -236,9 +236,6 @@ class ShardLoader:
 
     def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None,
                  seed=0):
-        if min(batch_size, block_size, world_size) < 1 or not 0 <= rank < world_size:
-            raise DataError(f"bad loader settings: batch_size={batch_size}, block_size={block_size}, "
-                            f"rank={rank}, world_size={world_size}")
         self.shards = find_shards(data_dir, split, required=True)
         self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
         self.vocab_size, self.seed = vocab_size, seed

@@ -1009,24 +1009,14 @@ def test_epoch_advances_after_the_last_shard_only(tmp_path):
     assert states == [(0, 0)] * 7 + [(0, 1)] * 4 + [(0, 2)] * 6 + [(1, 0)]
 
 
-@pytest.mark.parametrize("settings, ok", [
-    (dict(rank=1, world_size=2), True), (dict(rank=2, world_size=2), False),  # ranks are 0 .. world_size - 1
-    (dict(rank=0, world_size=1), True), (dict(rank=1, world_size=1), False),
-    (dict(rank=-1, world_size=2), False),
-    (dict(world_size=0, rank=0), False), (dict(batch_size=1), True), (dict(batch_size=0), False),
-    (dict(block_size=1), True), (dict(block_size=0), False)])
-def test_loader_settings_are_checked(tmp_path, settings, ok):
+@pytest.mark.parametrize("settings", [dict(rank=1, world_size=2), dict(rank=0, world_size=1),
+                                      dict(batch_size=1), dict(block_size=1)])
+def test_loader_at_the_smallest_settings(tmp_path, settings):
+    """The settings arrive checked (train.py's rules, GPTConfig; torchrun's ranks): the smallest ones work."""
     write_counting_shards(str(tmp_path), [200])
     kwargs = {"batch_size": 2, "block_size": 8, **settings}
-    if ok:
-        x, y = ShardLoader(str(tmp_path), "train", **kwargs).next_batch()
-        assert x.shape == (kwargs["batch_size"], kwargs["block_size"]) and (y == x + 1).all()
-        return
-    with pytest.raises(DataError, match=f"bad loader settings: batch_size={kwargs['batch_size']}, block_size="
-                                        f"{kwargs['block_size']}, rank={kwargs.get('rank', 0)}, world_size="
-                       ) as excinfo:
-        ShardLoader(str(tmp_path), "train", **kwargs)
-    one_line_error(excinfo)
+    x, y = ShardLoader(str(tmp_path), "train", **kwargs).next_batch()
+    assert x.shape == (kwargs["batch_size"], kwargs["block_size"]) and (y == x + 1).all()
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
