@@ -613,13 +613,15 @@ def draw_operators(run_dir, text, out_dir):
     M = head_matrices(model, torch.tensor([ids]))  # (L, nh, T, T)
     coefficients = [op.coefficients() for op in model.head_operators()]  # one (a, b) per layer, each (nh,)
     a, b = (torch.stack(t) for t in zip(*coefficients))  # (L, nh)
-    self_weight = M.diagonal(dim1=-2, dim2=-1).mean(-1)  # (L, nh) a + b·P_ii, averaged over the tokens i
+    diagonal = M.diagonal(dim1=-2, dim2=-1)  # (L, nh, T) a + b·P_ii: the weight of each token on itself
+    self_weight = diagonal.mean(-1)  # (L, nh)
     row_sum = M.sum(-1).mean(-1)  # (L, nh) every row sums to a + b = δ(1 + γ), as P's rows sum to 1
-    print(f"== {run_dir} on {T} tokens, per head: its mean weight on each token itself, a + b·P_ii, / its "
-          "row sum, δ(1 + γ) = a + b")
+    negative = (diagonal < 0).float().mean(-1)  # (L, nh) the share of tokens a head takes away from
+    print(f"== {run_dir} on {T} tokens: what each head does to a token itself, against its context")
+    print("   per head: mean a + b·P_ii / row sum δ(1 + γ) = a + b (share of the tokens with a + b·P_ii < 0)")
     L, nh = a.shape
-    rows = [[str(layer + 1)] + [f"{s:+.3f}/{r:+.3f}" for s, r in zip(self_weight[layer], row_sum[layer])]
-            for layer in range(L)]
+    cells = [f"{self_weight[i]:+.3f}/{row_sum[i]:+.3f} ({negative[i]:.0%})" for i in np.ndindex(L, nh)]
+    rows = [[str(layer + 1)] + cells[layer * nh:(layer + 1) * nh] for layer in range(L)]  # a row per layer
     print_table(["layer"] + [f"head {head + 1}" for head in range(nh)], rows)
     has_gamma = hasattr(model.head_operators()[0], "gamma")
     titles = [head_title(layer, head, a[layer, head], b[layer, head], has_gamma)

@@ -110,7 +110,7 @@ def operators(M, tokens, titles, title):
     colour scale centred at 0 (red below, blue above, so a negative diagonal shows at a glance)."""
     n_layer, n_head, T, _ = M.shape
     lim = float(np.abs(M).max())
-    side = max(2.5, 0.09 * T)  # inches a panel: room for T token labels
+    side = max(2.5, 0.11 * T)  # inches a panel: 8 points a token label
     size = (side * n_head + 2, side * n_layer + 1.5)
     fig, axes = plt.subplots(n_layer, n_head, figsize=size, squeeze=False, sharex=True, sharey=True,
                              layout="constrained")  # shared axes: only the outer panels label the tokens
@@ -118,9 +118,9 @@ def operators(M, tokens, titles, title):
         im = ax.imshow(panel, cmap="RdBu", vmin=-lim, vmax=lim)
         ax.set_title(name, fontsize=12)
     for ax in axes[-1]:
-        ax.set_xticks(range(T), tokens, fontsize=8, rotation=90)
+        ax.set_xticks(range(T), tokens, fontsize=7, rotation=90)
     for ax in axes[:, 0]:
-        ax.set_yticks(range(T), tokens, fontsize=8)
+        ax.set_yticks(range(T), tokens, fontsize=7)
     fig.colorbar(im, ax=axes, shrink=0.6, label="weight of v_j (column) in y_i (row)")
     fig.suptitle(title, fontsize=14)
     return fig

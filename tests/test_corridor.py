@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -1056,16 +1057,19 @@ def test_each_panel_is_its_heads_operator_in_float64(trained, tmp_path, drawn):
 def test_console_gives_the_diagonal_and_row_sum_of_those_matrices(trained, tmp_path, drawn, capsys):
     assert corridor.main([trained, f"--text={TEXT}", f"--out={tmp_path}"]) == 0
     out = capsys.readouterr().out.splitlines()
-    start = out.index(next(line for line in out if line.startswith(f"== {trained} on 14 tokens")))
-    assert out[start + 1].split() == ["layer", "head", "1", "head", "2"]
+    start = out.index(f"== {trained} on 14 tokens: what each head does to a token itself, against its "
+                      "context")
+    assert out[start + 2].split() == ["layer", "head", "1", "head", "2"]
     expected = expected_operators(trained, TEXT)[0]
-    for layer, line in enumerate(out[start + 2:start + 4]):
-        cells = line.split()
-        assert cells[0] == str(layer + 1) and len(cells) == 3
-        for head, cell in enumerate(cells[1:]):
-            self_weight, row_sum = (float(x) for x in cell.split("/"))
-            assert self_weight == pytest.approx(expected[layer, head].diagonal().mean().item(), abs=6e-4)
-            assert row_sum == pytest.approx(expected[layer, head].sum(-1).mean().item(), abs=6e-4)
+    for layer, line in enumerate(out[start + 3:start + 5]):
+        assert line.split()[0] == str(layer + 1)
+        cells = re.findall(r"(\S+)/(\S+) \((\d+)%\)", line)  # mean a + b·P_ii / row sum (share below 0)
+        assert len(cells) == 2
+        for head, (self_weight, row_sum, negative) in enumerate(cells):
+            diagonal = expected[layer, head].diagonal()
+            assert float(self_weight) == pytest.approx(diagonal.mean().item(), abs=6e-4)
+            assert float(row_sum) == pytest.approx(expected[layer, head].sum(-1).mean().item(), abs=6e-4)
+            assert int(negative) == round(100 * (diagonal < 0).double().mean().item())
 
 
 def test_a_long_text_is_cut_to_its_start_and_a_line_says_so(trained, tmp_path, drawn, capsys, monkeypatch):
