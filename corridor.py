@@ -605,6 +605,7 @@ def draw_operators(run_dir, text, out_dir):
     ids = encode(text)
     if not ids:
         raise ValueError("the text is empty (it encodes to no tokens); give some text: --text=...")
+    os.makedirs(out_dir, exist_ok=True)  # before anything is printed: an --out that is a file stops here
     T = min(len(ids), model.config.block_size, MAX_TOKENS)
     if T < len(ids):
         print(f"the text is {len(ids)} tokens: drawing its first {T} (block_size is "
@@ -629,7 +630,6 @@ def draw_operators(run_dir, text, out_dir):
     tokens = [repr(decode([i]))[1:-1].replace(" ", "·") for i in ids]  # a space shows as ·, a newline as \n
     title = f"{os.path.basename(os.path.normpath(run_dir))} (op={model.config.op})\nevery head's a·I + b·P"
     from support import figures  # and with it matplotlib
-    os.makedirs(out_dir, exist_ok=True)
     with figures.plt.rc_context(figures.STYLE):
         fig = figures.operators(M.numpy(), tokens, titles, title)
         return figures.save(fig, os.path.join(out_dir, "operators.png"))

@@ -1125,7 +1125,9 @@ BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh
 def test_bad_text_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, case):
     args, message = BAD_TEXT[case]
     (tmp_path / "a_file").write_text("kept")
-    assert message in error_line(capsys, args(trained, tmp_path))
+    assert corridor.main(args(trained, tmp_path)) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err  # that line only
     assert os.listdir(tmp_path) == ["a_file"] and (tmp_path / "a_file").read_text() == "kept"
     assert not os.path.exists(os.path.join(trained, "operators.png"))
 
