@@ -3,11 +3,13 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
 
     python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
     python corridor.py docs/corridor_runs.csv    # every statistic again, from the table --csv wrote
+    python corridor.py out/demo --text="for i in range(10):"    # every head's operator on a text you choose
 
 Each head applies δ(γI + P) to its values; the paper claims most heads beyond layer 1 learn γ ∈ (−1, 0), the
 "convex corridor". Prints each run's losses and final γ and δ, then for runs that differ only in seed, paired
 statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+). Writes PNG
 figures (with fixed-γ runs, corridor_curve.png: val loss against γ, δ = 1) and with --csv one row per run.
+With --text, loads the run's checkpoint and draws what each head applies on that text (operators.png).
 """
 import csv
 import io
@@ -18,11 +20,13 @@ import re
 import sys
 
 import numpy as np
+import torch
 from scipy import stats
 
 from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular
-from operators import OPS, all_controls
-from support.rundir import atomic_write
+from support.dataloader import get_tokenizer
+from operators import OPS, all_controls, operator_matrix
+from support.rundir import atomic_write, load_checkpoint
 
 # ops whose (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
@@ -523,10 +527,10 @@ def write_csv(runs, path):
 def load_csv(path):
     """The runs of a table write_csv wrote, as load_run's dicts whose log is the final eval."""
     try:
-        text = read_regular(path, 64 << 20).decode("utf-8-sig")  # a spreadsheet may put a byte-order mark
+        content = read_regular(path, 64 << 20).decode("utf-8-sig")  # a spreadsheet may put a byte-order mark
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    reader = csv.DictReader(io.StringIO(text))
+    reader = csv.DictReader(io.StringIO(content))
     try:
         rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
@@ -564,25 +568,100 @@ def load_csv(path):
 
 
 # -----------------------------------------------------------------------------
+# One run's heads at work: each head's operator a·I + b·P on a text (python corridor.py RUN --text=...)
+# Row i of a head's T×T operator says how much of each value v_j (j ≤ i) its output y_i takes: b·P_ij from the
+# others, a + b·P_ii from token i itself. A corridor head, γ ∈ (−1, 0), takes a share of itself away.
+
+MAX_TOKENS = 48  # about as many tokens as a panel shows readably
+
+
+@torch.no_grad()
+def head_matrices(model, idx):
+    """Every head's operator a·I + b·P on the tokens idx (1, T), from each layer's q and k as the model's
+    forward computes them: (n_layer, nh, T, T)."""
+    pos = torch.arange(idx.size(1))  # (T,)
+    x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (1, T, C)
+    matrices = []
+    for block in model.transformer.h:
+        q, k, _ = block.attn.qkv(block.ln_1(x))  # (1, nh, T, hs)
+        matrices.append(operator_matrix(q, k, *block.attn.op.coefficients())[0])  # (nh, T, T)
+        x = block(x)  # on to the next layer
+    return torch.stack(matrices)  # (n_layer, nh, T, T)
+
+
+def head_title(layer, head, a, b, has_gamma):
+    """γ = a/b and δ = b where the op learns a γ (mix); any other op's own a and b."""
+    scalars = f"γ={a / b:+.2f} δ={b:+.2f}" if has_gamma else f"a={a:+.2f} b={b:+.2f}"
+    return f"layer {layer + 1} head {head + 1}\n{scalars}"
+
+
+def draw_operators(run_dir, text, out_dir):
+    """Print what every head of run_dir's model does to a token itself on text, and draw every head's
+    operator into out_dir/operators.png; return its path."""
+    from model import GPT  # only here: corridor.py's other uses load no model
+    ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+    model = GPT.from_checkpoint(ckpt, impl="sdpa").eval()
+    encode, decode = get_tokenizer(ckpt["meta"])
+    ids = encode(text)
+    if not ids:
+        raise ValueError("the text is empty (it encodes to no tokens); give some text: --text=...")
+    os.makedirs(out_dir, exist_ok=True)  # before anything is printed: an --out that is a file stops here
+    T = min(len(ids), model.config.block_size, MAX_TOKENS)
+    if T < len(ids):
+        print(f"the text is {len(ids)} tokens: drawing its first {T} (block_size is "
+              f"{model.config.block_size}, and about {MAX_TOKENS} fit in a panel)")
+    ids = ids[:T]
+    M = head_matrices(model, torch.tensor([ids]))  # (L, nh, T, T)
+    coefficients = [op.coefficients() for op in model.head_operators()]  # one (a, b) per layer, each (nh,)
+    a, b = (torch.stack(t) for t in zip(*coefficients))  # (L, nh)
+    diagonal = M.diagonal(dim1=-2, dim2=-1)  # (L, nh, T) a + b·P_ii: the weight of each token on itself
+    self_weight = diagonal.mean(-1)  # (L, nh)
+    row_sum = M.sum(-1).mean(-1)  # (L, nh) every row sums to a + b = δ(1 + γ), as P's rows sum to 1
+    negative = (diagonal < 0).float().mean(-1)  # (L, nh) the share of tokens a head takes away from
+    print(f"== {run_dir} on {T} tokens: what each head does to a token itself, against its context")
+    print("   per head: mean a + b·P_ii / row sum δ(1 + γ) = a + b (share of the tokens with a + b·P_ii < 0)")
+    L, nh = a.shape
+    cells = [f"{self_weight[i]:+.3f}/{row_sum[i]:+.3f} ({negative[i]:.0%})" for i in np.ndindex(L, nh)]
+    rows = [[str(layer + 1)] + cells[layer * nh:(layer + 1) * nh] for layer in range(L)]  # a row per layer
+    print_table(["layer"] + [f"head {head + 1}" for head in range(nh)], rows)
+    has_gamma = hasattr(model.head_operators()[0], "gamma")
+    titles = [head_title(layer, head, a[layer, head], b[layer, head], has_gamma)
+              for layer, head in np.ndindex(L, nh)]  # row by row, as the panels
+    tokens = [repr(decode([i]))[1:-1].replace(" ", "·") for i in ids]  # a space shows as ·, a newline as \n
+    title = f"{os.path.basename(os.path.normpath(run_dir))} (op={model.config.op})\nevery head's a·I + b·P"
+    from support import figures  # and with it matplotlib
+    with figures.plt.rc_context(figures.STYLE):
+        fig = figures.operators(M.numpy(), tokens, titles, title)
+        return figures.save(fig, os.path.join(out_dir, "operators.png"))
+
+
+# -----------------------------------------------------------------------------
 # Command line
 OPTIONS = dict(
     out="",  # the folder for the figures; default: the first run's directory
     csv="",  # also write one row per run (its settings, final val loss and γ; CSV_COLUMNS) to this CSV file
+    text="",  # draw every head's operator on this text (operators.png), from one run's checkpoint
 )
 
 
 def main(argv):
-    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH]"
+    usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH] | RUN_DIR --text=TEXT"
     paths = [a for a in argv if not a.startswith("-")]
     try:
-        opts, _ = configure(OPTIONS, [a for a in argv if a.startswith("-")], dict(out=nonempty, csv=nonempty),
-                            files=False, help_from=[("", sys.modules[__name__])])
+        opts, given = configure(OPTIONS, [a for a in argv if a.startswith("-")],
+                                dict(out=nonempty, csv=nonempty), files=False,
+                                help_from=[("", sys.modules[__name__])])
         if not paths:
             raise ConfigError("no run directory given")
+        if "text" in given and (len(paths) > 1 or opts.csv):
+            raise ConfigError("--text draws the heads of one run: give one run directory and no --csv")
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
         return 1
     try:
+        if "text" in given:  # one run's heads on a text: a table of them, and operators.png
+            print("\nwrote " + draw_operators(paths[0], opts.text, opts.out or paths[0]))
+            return 0
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]  # corridor.py --csv's
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
         for w in [w for run in runs for w in run["warnings"]]:
@@ -594,7 +673,7 @@ def main(argv):
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures",
                   file=sys.stderr)
-    except (ValueError, OSError) as e:  # OSError: e.g. --out names a file, or --csv a folder
+    except (ValueError, OSError, ImportError) as e:  # OSError: e.g. --out names a file, or --csv a folder
         what = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else e
         print(f"error: {what}", file=sys.stderr)
         return 1

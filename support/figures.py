@@ -105,9 +105,31 @@ def corridor_curve(curve):
     return fig
 
 
+def operators(M, tokens, titles, title):
+    """Every head's T×T operator, M (layer, head, T, T), a panel each: rows are layers, columns heads, one
+    colour scale centred at 0 (red below, blue above, so a negative diagonal shows at a glance)."""
+    n_layer, n_head, T, _ = M.shape
+    lim = float(np.abs(M).max())
+    side = max(2.5, 0.11 * T)  # inches a panel: 8 points a token label
+    size = (side * n_head + 2, side * n_layer + 1.5)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=size, squeeze=False, sharex=True, sharey=True,
+                             layout="constrained")  # shared axes: only the outer panels label the tokens
+    for ax, panel, name in zip(axes.flat, M.reshape(-1, T, T), titles):
+        im = ax.imshow(panel, cmap="RdBu", vmin=-lim, vmax=lim)
+        ax.set_title(name, fontsize=12)
+    for ax in axes[-1]:
+        ax.set_xticks(range(T), tokens, fontsize=7, rotation=90)
+    for ax in axes[:, 0]:
+        ax.set_yticks(range(T), tokens, fontsize=7)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="weight of v_j (column) in y_i (row)")
+    fig.suptitle(title, fontsize=14)
+    return fig
+
+
 def save(fig, path):
     """Write fig as a PNG at path (never half a file), free it, and return path."""
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # operators() lays out its own panels and colour bar
+        fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
     return path

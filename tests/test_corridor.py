@@ -2,17 +2,26 @@
 
     python -m pytest -q tests/test_corridor.py
 """
+import copy
 import csv
 import json
 import math
 import os
+import re
+import subprocess
 import sys
+from dataclasses import asdict
 
+import numpy as np
 import pytest
+import torch
 
 import corridor
 import support
-from helpers import ROOT
+import train
+from helpers import QUICK, ROOT, char_dataset
+from model import GPT, GPTConfig
+from operators import OPS
 
 # final γ of a 3-layer × 4-head run: 2 heads per layer strictly inside (−1, 0); −1.0 and 0.0 are
 # endpoints, not inside
@@ -950,3 +959,180 @@ def test_without_matplotlib_tables_and_csv_still_come(tmp_path, capsys, monkeypa
     assert captured.err == "warning: matplotlib is not installed (pip install matplotlib), so no figures\n"
     assert "== mix_s0" in captured.out and f"wrote {csv}\n" in captured.out and ".png" not in captured.out
     assert csv.read_text().splitlines()[1].startswith("mix,0,mix,3,4,,,0.0,true,true,null,200,2.5,,")
+
+
+# --- python corridor.py RUN --text=...: every head's operator a·I + b·P on a text, from the run's checkpoint
+
+CHARS = "abcdefghij ()=:\n"  # the tiny run's char vocabulary
+TEXT = "if a(b): c = d"  # 14 tokens, all in CHARS
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run trained for 2 iterations: 2 layers × 2 heads, block_size 16, its heads started at γ = −0.4,
+    δ = 1.5 (so that the a·I term, and b ≠ 1, show in every matrix)."""
+    d = tmp_path_factory.mktemp("trained")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        char_dataset("tiny", CHARS)
+        train.main(QUICK + ["--n_layer=2", "--dataset=tiny", "--gamma_init=-0.4", "--delta_init=1.5",
+                            "--val_tokens=64", "--out_dir=run"])  # few val tokens: a quick evaluation
+    return str(d / "run")
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures corridor.py draws, by file name, kept instead of written."""
+    from support import figures
+    kept = {}
+
+    def keep(fig, path):
+        kept[os.path.basename(path)] = fig
+        return path
+    monkeypatch.setattr(figures, "save", keep)
+    yield kept
+    figures.plt.close("all")
+
+
+def panels(fig):
+    """The heads' panels (the colour bar has no image), row by row, and their matrices: (panels, T, T)."""
+    axes = [ax for ax in fig.axes if ax.images]
+    return axes, np.array([ax.images[0].get_array() for ax in axes], dtype=np.float64)
+
+
+def float64_softmax(model, ids):
+    """Every head's causal softmax P in float64, from the q and k of the model's own forward (caught at each
+    layer's c_attn), the softmax written out here: (n_layer, nh, T, T)."""
+    model = copy.deepcopy(model).double()
+    caught = []
+    for block in model.transformer.h:
+        block.attn.c_attn.register_forward_hook(lambda module, inputs, out: caught.append(out[0]))  # (T, 3C)
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    T, C, nh = len(ids), model.config.n_embd, model.config.n_head
+    P = []
+    for qkv in caught:
+        q, k = (t.reshape(T, nh, C // nh).transpose(0, 1) for t in qkv.split(C, dim=1)[:2])  # (nh, T, hs)
+        scores = q @ k.transpose(1, 2) / math.sqrt(C // nh)  # (nh, T, T)
+        scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), -math.inf)  # j > i: the future
+        e = (scores - scores.max(-1, keepdim=True).values).exp()
+        P.append(e / e.sum(-1, keepdim=True))
+    return torch.stack(P)
+
+
+def expected_operators(run, text):
+    """The trained run's a·I + b·P on text in float64, a = δγ and b = δ read from its checkpoint:
+    (L, nh, T, T), and γ, δ (L, nh)."""
+    ckpt = torch.load(os.path.join(run, "ckpt.pt"), weights_only=True)
+    weights = ckpt["model"]
+    gamma, delta = (torch.stack([weights[f"transformer.h.{i}.attn.op.{name}"] for i in range(2)]).double()
+                    for name in ("gamma", "delta"))  # (L, nh)
+    ids = [CHARS.index(c) for c in text]
+    P = float64_softmax(GPT.from_checkpoint(ckpt), ids)
+    I = torch.eye(len(ids), dtype=torch.float64)
+    return (delta * gamma)[..., None, None] * I + delta[..., None, None] * P, gamma, delta
+
+
+def test_text_draws_operators_png_as_a_user_runs_it(trained, tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "corridor.py"), trained, f"--text={TEXT}",
+                        f"--out={tmp_path}"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "", p.stderr  # no warning either
+    png = tmp_path / "operators.png"
+    assert f"wrote {png}" in p.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_panel_is_its_heads_operator_in_float64(trained, tmp_path, drawn):
+    assert corridor.main([trained, f"--text={TEXT}", f"--out={tmp_path}"]) == 0
+    fig = drawn["operators.png"]
+    axes, matrices = panels(fig)
+    assert len(axes) == 2 * 2 and len(fig.axes) == 2 * 2 + 1  # one panel per head, and the colour bar
+    expected, gamma, delta = expected_operators(trained, TEXT)
+    assert np.abs(matrices - expected.reshape(4, 14, 14).numpy()).max() < 1e-6
+    titles = [f"layer {layer + 1} head {head + 1}\nγ={gamma[layer, head]:+.2f} δ={delta[layer, head]:+.2f}"
+              for layer, head in np.ndindex(2, 2)]
+    assert [ax.get_title() for ax in axes] == titles
+    assert [t.get_text() for t in axes[-1].get_xticklabels()] == list(TEXT.replace(" ", "·"))
+
+
+def test_console_gives_the_diagonal_and_row_sum_of_those_matrices(trained, tmp_path, drawn, capsys):
+    assert corridor.main([trained, f"--text={TEXT}", f"--out={tmp_path}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index(f"== {trained} on 14 tokens: what each head does to a token itself, against its "
+                      "context")
+    assert out[start + 2].split() == ["layer", "head", "1", "head", "2"]
+    expected = expected_operators(trained, TEXT)[0]
+    for layer, line in enumerate(out[start + 3:start + 5]):
+        assert line.split()[0] == str(layer + 1)
+        cells = re.findall(r"(\S+)/(\S+) \((\d+)%\)", line)  # mean a + b·P_ii / row sum (share below 0)
+        assert len(cells) == 2
+        for head, (self_weight, row_sum, negative) in enumerate(cells):
+            diagonal = expected[layer, head].diagonal()
+            assert float(self_weight) == pytest.approx(diagonal.mean().item(), abs=6e-4)
+            assert float(row_sum) == pytest.approx(expected[layer, head].sum(-1).mean().item(), abs=6e-4)
+            assert int(negative) == round(100 * (diagonal < 0).double().mean().item())
+
+
+def test_a_long_text_is_cut_to_its_start_and_a_line_says_so(trained, tmp_path, drawn, capsys, monkeypatch):
+    assert corridor.main([trained, f"--text={TEXT * 3}", f"--out={tmp_path}"]) == 0  # 42 tokens
+    assert "the text is 42 tokens: drawing its first 16 (block_size is 16," in capsys.readouterr().out
+    assert panels(drawn["operators.png"])[1].shape == (4, 16, 16)
+    monkeypatch.setattr(corridor, "MAX_TOKENS", 5)  # what fits in a panel
+    assert corridor.main([trained, f"--text={TEXT}", f"--out={tmp_path}"]) == 0
+    assert "the text is 14 tokens: drawing its first 5 (" in capsys.readouterr().out
+    assert panels(drawn["operators.png"])[1].shape == (4, 5, 5)
+
+
+# each op's (a, b) per head (2 heads), as README's table has them, for a fresh model started at γ = −0.3
+CORRIDOR = ([-0.3, -0.3], [1, 1])
+OP_COEFFICIENTS = {"attention": ([0, 0], [1, 1]), "laplacian": ([0, 1], [1, -1]),
+                   "mix": CORRIDOR, "mix_alpha": CORRIDOR, "mix_ab": CORRIDOR}
+
+
+@pytest.mark.parametrize("op", OP_COEFFICIENTS)
+def test_every_op_shows_its_own_operator(trained, tmp_path, drawn, op):
+    """attention P, laplacian I − P on its Laplacian head; titles: γ and δ for mix, the others' a and b."""
+    assert set(OP_COEFFICIENTS) == set(OPS)
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    controls = {"gamma_init": -0.3} if "gamma_init" in OPS[op].controls else {}
+    model = GPT(GPTConfig(**{**ckpt["model_args"], "op": op, "controls": controls}))
+    ckpt.update(model=model.state_dict(), model_args=asdict(model.config))
+    (tmp_path / "run").mkdir()
+    torch.save(ckpt, tmp_path / "run" / "ckpt.pt")
+    assert corridor.main([str(tmp_path / "run"), f"--text={TEXT}"]) == 0
+    axes, matrices = panels(drawn["operators.png"])
+    a, b = (torch.tensor(c, dtype=torch.float64).view(1, 2, 1, 1) for c in OP_COEFFICIENTS[op])
+    P = float64_softmax(model, [CHARS.index(c) for c in TEXT])  # (L, nh, T, T)
+    expected = a * torch.eye(14, dtype=torch.float64) + b * P
+    assert np.abs(matrices - expected.reshape(4, 14, 14).numpy()).max() < 1e-6
+    sym = ("γ", "δ") if op == "mix" else ("a", "b")
+    scalars = [(-0.3, 1.0)] * 2 if op == "mix" else list(zip(*OP_COEFFICIENTS[op]))
+    assert [ax.get_title().split("\n")[1] for ax in axes] == [f"{sym[0]}={x:+.2f} {sym[1]}={y:+.2f}"
+                                                              for x, y in scalars * 2]
+
+
+BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh folder; what the line says)
+    "a run with no checkpoint": (lambda run, d: [str(d), f"--text={TEXT}"], "no checkpoint at"),
+    "characters not in the vocabulary": (lambda run, d: [run, "--text=if é(b): ü", f"--out={d}"],
+                                         "characters 'éü' are not in this dataset's vocabulary"),
+    "an empty text": (lambda run, d: [run, "--text=", f"--out={d}"], "the text is empty"),
+    "an --out that cannot be written": (lambda run, d: [run, f"--text={TEXT}", f"--out={d / 'a_file'}"],
+                                        "a_file: File exists"),
+    "two runs": (lambda run, d: [run, run, f"--text={TEXT}", f"--out={d}"], "draws the heads of one run"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TEXT)
+def test_bad_text_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, case):
+    args, message = BAD_TEXT[case]
+    (tmp_path / "a_file").write_text("kept")
+    assert corridor.main(args(trained, tmp_path)) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err  # that line only
+    assert os.listdir(tmp_path) == ["a_file"] and (tmp_path / "a_file").read_text() == "kept"
+    assert not os.path.exists(os.path.join(trained, "operators.png"))
+
+
+def test_without_text_no_checkpoint_is_loaded(trained, tmp_path, monkeypatch, capsys, no_figures):
+    monkeypatch.setattr(corridor, "load_checkpoint", lambda path: pytest.fail(f"loaded {path}"))
+    assert corridor.main([trained]) == 0
+    assert "== run  (mix gamma_init=-0.4 delta_init=1.5" in capsys.readouterr().out

@@ -70,6 +70,12 @@ def test_op_controls_are_described_by_their_operator(monkeypatch, capsys):
     assert "; (op=mix_alpha) (op=mix_ab) " in listed["gamma_init"]
 
 
+def test_a_setting_is_described_by_the_comment_beside_its_default(monkeypatch, capsys):
+    """Not by a comment beside a local variable of the same name earlier in the script (load_csv's text)."""
+    listed = settings_listed(ask_for_help(monkeypatch, capsys, "corridor", SCRIPTS["corridor"][1]))
+    assert listed["text"].startswith("draw every head's operator on this text")
+
+
 @pytest.mark.parametrize("corpus", prepare_data.CORPORA)
 def test_prepare_data_corpus_help_lists_the_options_it_takes(monkeypatch, capsys, corpus):
     out = ask_for_help(monkeypatch, capsys, "prepare_data", lambda: prepare_data.main([corpus, "--help"]))
