@@ -113,7 +113,6 @@ def build_model(cfg, given, meta, ckpt):
     if ckpt is not None:
         model = GPT.from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
-        source = "checkpoint"
     elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
@@ -123,11 +122,10 @@ def build_model(cfg, given, meta, ckpt):
                                     dropout=cfg.dropout, impl=cfg.impl)
         if cfg.block_size < model.config.block_size:
             model.crop_block_size(cfg.block_size)
-        source = "pretrained model"
     else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         return GPT(GPTConfig(vocab_size=vocab, **settings.model_settings(cfg, given, MODEL_DEFAULTS)))
-    settings.adopt_model_settings(cfg, given, model.config, source)
+    settings.adopt_model_settings(cfg, given, model.config, "checkpoint" if ckpt else "pretrained model")
     return model
 
 
