@@ -78,8 +78,9 @@ class Run:
         self.cfg, self.rank, self.local_rank, self.world_size = cfg, rank, local_rank, world_size
         self.dev, self.dtype = dev, dtype
         self.device_type = dev.split(":")[0]
-        mixed = torch.autocast(self.device_type, dtype=getattr(torch, dtype)) if dtype != "float32" else None
-        self.ctx = mixed or nullcontext()  # bf16/fp16 matmuls where the dtype is one, float32 otherwise
+        self.ctx = nullcontext()  # float32: no autocast
+        if dtype != "float32":  # bf16/fp16 matmuls, float32 where precision needs it
+            self.ctx = torch.autocast(self.device_type, dtype=getattr(torch, dtype))
         self.ddp = local_rank is not None  # started by torchrun
         self.master = rank == 0  # only the master prints
         self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
