@@ -14,20 +14,21 @@ A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `che
 import math
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
+from types import SimpleNamespace
 
 import torch
 
 from model import GPT, GPTConfig
-from operators import OPS
+from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, settings
 from support.kernel_check import check_kernel
 from support.configurator import ConfigError, configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import end_process, exit_status, start_process
-from support.rundir import (interrupted, load_optimizer_state, save_checkpoint, start_run_dir,
-                            stop_if_not_finite, unlock_run_dir)
+from support.rundir import (interrupted, restore, save_checkpoint, start_run_dir, stop_if_not_finite,
+                            unlock_run_dir)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -49,6 +50,16 @@ wandb_run_name = "run"  # its run name
 dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
 batch_size = 12  # sequences per process and micro-step
+block_size = 1024  # the context length T, in tokens
+# model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too: operators.py)
+n_layer = 12  # transformer blocks
+n_head = 12  # heads per block
+n_embd = 768  # the width C; each head has C / n_head dimensions
+dropout = 0.0  # dropout on attention, residual and embeddings (0: off)
+bias = True  # biases in Linears and LayerNorms, like GPT-2
+op = "mix"  # what every head applies to its values: a name in operators.OPS (attention, mix, ...)
+impl = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton (kernel.py)
+gelu = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 # AdamW, warmup + cosine decay
 learning_rate = 6e-4  # peak learning rate, reached after warmup
 max_iters = 5000  # optimizer steps in all
@@ -68,22 +79,15 @@ compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, str, type(None)))}
-# the model: every field of model.GPTConfig (block_size, n_layer, op, ...) but vocab_size (the data's) is a
-# setting too, with the default it has there, and so is every op's control (gamma_init, ... in operators.py)
-MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig) if f.name not in ("vocab_size", "controls")}
+# -----------------------------------------------------------------------------
 
 
 def parse_config(argv):
-    """(cfg, given): every setting after config files and --key=value, each value checked where it enters
-    (support/settings.py's rules); given: the keys that were set. GPTConfig checks a new model's settings
-    here, before any file or device is touched (a checkpoint's are checked as it loads)."""
-    help_from = [("", sys.modules[__name__]), ("", sys.modules[GPT.__module__])]
-    help_from += [(f"(op={name}) ", Op) for name, Op in OPS.items()]
-    everything = settings.defaults(DEFAULTS, MODEL_DEFAULTS)
-    cfg, given = configure(everything, argv, settings.RULES, help_from=help_from)
-    if not settings.continues_checkpoint(cfg):
-        GPTConfig(**settings.model_settings(cfg, given, MODEL_DEFAULTS))
-    return cfg, given
+    """(cfg, given): every setting, train.py's and the ops' controls (read now: an op may be registered after
+    train.py is imported), after config files and --key=value, each value checked where it enters
+    (support/settings.py's rules; the model's, by GPTConfig, in train); given: the keys that were set."""
+    help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
+    return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
 
 
 def get_lr(it, cfg):
@@ -107,35 +111,33 @@ def corridor_summary(gamma, delta):
     return f"corridor {inside}/{gamma.numel()} heads in (-1,0) | {layers}"
 
 
-def build_model(cfg, given, meta, ckpt):
-    """The model that init_from asks for: a checkpoint's, GPT-2's weights with the chosen op, or a new one.
-    A checkpoint or GPT-2 fixes the architecture (settings.adopt_model_settings refuses conflicts)."""
+def build_model(cfg, model_args, meta, ckpt):
+    """The model that cfg.init_from asks for: the checkpoint's (its settings but dropout and impl, which
+    model_args sets), GPT-2's weights with the heads of model_args' op, or a new one of model_args."""
     if ckpt is not None:
-        model = GPT.from_checkpoint(ckpt, **{k: getattr(cfg, k) for k in settings.RESUME_MAY_CHANGE})
+        model = GPT.from_checkpoint(ckpt, **{k: model_args[k] for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
-    elif cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
+        return model
+    if cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
         if meta["tokenizer"] != "gpt2":
             raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
                               f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
-        config = settings.model_settings(cfg, given, MODEL_DEFAULTS)
-        model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=config["controls"],
-                                    dropout=cfg.dropout, impl=cfg.impl)
-        if cfg.block_size < model.config.block_size:
-            model.crop_block_size(cfg.block_size)
-    else:  # from scratch, with GPT-2's vocabulary padded to a multiple of 64
-        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
-        return GPT(GPTConfig(vocab_size=vocab, **settings.model_settings(cfg, given, MODEL_DEFAULTS)))
-    settings.adopt_model_settings(cfg, given, model.config, "checkpoint" if ckpt else "pretrained model")
-    return model
+        model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
+                                    dropout=model_args["dropout"], impl=model_args["impl"])
+        if model_args["block_size"] < model.config.block_size:
+            model.crop_block_size(model_args["block_size"])
+        return model
+    vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's padded to a multiple of 64
+    return GPT(GPTConfig(**model_args, vocab_size=vocab))
 
 
-def prepare(cfg, run):
+def prepare(dataset, run):
     """The dataset's directory and meta: prepared once by the master while the others wait."""
     if run.master:
-        ensure_prepared(cfg.dataset)
+        ensure_prepared(dataset)
     if run.ddp:
         torch.distributed.barrier()
-    data_dir = ensure_prepared(cfg.dataset)
+    data_dir = ensure_prepared(dataset)
     return data_dir, load_meta(data_dir)
 
 
@@ -147,9 +149,9 @@ class Evaluation:
 
     def __init__(self, cfg, run, data_dir, meta, vocab_size):
         self.cfg, self.run = cfg, run
-        where = (run.rank, run.world_size, vocab_size)
-        self.val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, *where)
-        self.train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, *where, cfg.seed)
+        self.val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, run.rank, run.world_size, vocab_size)
+        self.train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
+                                         run.world_size, vocab_size, cfg.seed)
         try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
             self.val_bytes = int(token_bytes(meta)[self.val_set.tokens[1:]].sum())
         except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
@@ -158,6 +160,10 @@ class Evaluation:
         self.hellaswag = None  # HellaSwag's examples as token rows
         if cfg.hellaswag_interval:
             self.hellaswag = hellaswag.render_all(meta, cfg.dataset, cfg.block_size)
+        counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
+        if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
+            run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
+                    "(context-free token frequencies)")
 
     @torch.no_grad()
     def losses(self, model):
@@ -202,41 +208,27 @@ class Evaluation:
         return val_loss
 
 
-def log_train(run, model, iter_num, tokens, loss, grad_norm, lr, dt_iter, tokens_per_iter):
-    """The console line and log record of a training step; loss and grad_norm are read here."""
-    mfu = model.estimate_mfu(tokens_per_iter // (run.world_size * run.cfg.block_size), dt_iter)
-    lossf = loss.item()  # a sync with the device: only every log_interval
-    stop_if_not_finite("the training loss", lossf, iter_num, run.cfg.out_dir)
-    grad_normf = grad_norm.item()  # this iteration's, before clipping
-    line = (f"iter {iter_num}: loss {lossf:.4f}, grad norm {grad_normf:.3f}, lr {lr:.2e}, "
-            f"{dt_iter * 1000:.1f} ms/iter, {tokens_per_iter / dt_iter:,.0f} tok/s")
-    if mfu:
-        line += f", mfu {mfu * 100:.1f}%"
+def log_train(run, out_dir, **record):
+    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...); a loss
+    that is not finite stops the run here."""
+    stop_if_not_finite("the training loss", record["loss"], record["iter"], out_dir)
+    r = record
+    line = (f"iter {r['iter']}: loss {r['loss']:.4f}, grad norm {r['grad_norm']:.3f}, lr {r['lr']:.2e}, "
+            f"{r['ms_per_iter']:.1f} ms/iter, {r['tokens_per_s']:,.0f} tok/s")
+    if r["mfu"]:
+        line += f", mfu {r['mfu'] * 100:.1f}%"
     run.say(line)
-    run.log({"event": "train", "iter": iter_num, "tokens": tokens, "loss": lossf, "grad_norm": grad_normf,
-             "lr": lr, "ms_per_iter": dt_iter * 1000, "tokens_per_s": tokens_per_iter / dt_iter, "mfu": mfu})
+    run.log({"event": "train", **record})
 
 
-def restore(ckpt, optimizer, train_loader):
-    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, its optimizer state and loader
-    position restored; a new run (ckpt None) starts at (0, 0, inf)."""
-    if ckpt is None:
-        return 0, 0, float("inf")
-    load_optimizer_state(optimizer, ckpt)
-    train_loader.load_state_dict(ckpt["loader"])
-    return ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
-
-
-def say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta):
-    cfg = run.cfg
+def say_what_runs(run, cfg, changed, model, tokens_per_iter):
+    """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed), the
+    device, the tokens per iteration and the model's size."""
     run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
         run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
     run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
             f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-    if run.master and sum(meta.get("tokens", {"": float("inf")}).values()) < 1e8:  # quick enough to count
-        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
-                "(context-free token frequencies)")
 
 
 def compiled_and_wrapped(model, cfg, run):
@@ -260,17 +252,39 @@ def compiled_and_wrapped(model, cfg, run):
     return model
 
 
+def finish(run, model, out_dir, iter_num, best_val_loss):
+    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's last
+    record, and out_dir unlocked, by the process that writes them; then each DDP process waits for all."""
+    gamma, delta = model.gamma_delta()
+    torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
+    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
+            + corridor_summary(gamma, delta))
+    if run.writes:
+        run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
+        unlock_run_dir(out_dir)
+    if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+        torch.distributed.barrier()
+
+
 def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, this process, data, model, optimizer --------------------------
-    ckpt, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS, MODEL_DEFAULTS)  # None: a new run
+    # --- set-up: the checkpoint to continue, the model's settings, this process, data, model, optimizer -----
+    ckpt, kept, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS)  # (None, {}, []): a new run
+    cfg = SimpleNamespace(**{**vars(cfg), **kept})  # a resumed run goes on with its settings but those given
+    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+                      bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
+                      controls=settings.op_controls(cfg, given))  # the op's own (operators.py)
+    if ckpt is None:  # GPTConfig checks a new model's settings, before any file or device is touched
+        GPTConfig(**model_args)
     settings.check_schedule(cfg)  # settings that only make sense together (a resumed run's too)
     run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
-    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
-    tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
-    data_dir, meta = prepare(cfg, run)
-    model = build_model(cfg, given, meta, ckpt).to(run.dev)
+    data_dir, meta = prepare(cfg.dataset, run)
+    model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
+    settings.refuse_another_model(given, model_args, asdict(model.config), ckpt is not None)  # fixed by it
+    cfg = SimpleNamespace(**{**vars(cfg), **settings.as_settings(asdict(model.config))})  # what runs
     if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
         run.say(check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
+    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
+    tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
@@ -278,11 +292,11 @@ def train(cfg, given=frozenset()):
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
     iter_num, tokens, best_val_loss = restore(ckpt, optimizer, train_loader)  # the loop's counters
     if run.writes:  # this process owns out_dir from here on: its lock, log.jsonl and config.json
-        start_run_dir(run, iter_num if ckpt is not None else None)
+        start_run_dir(run, cfg, iter_num if ckpt is not None else None)
     start_iter = iter_num  # a resumed run was evaluated here before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
-    say_what_runs(run, changed, tokens_per_iter, model, data_dir, meta)
-    raw_model, model = model, compiled_and_wrapped(model, cfg, run)
+    say_what_runs(run, cfg, changed, model, tokens_per_iter)
+    raw_model, model = model, compiled_and_wrapped(model, cfg, run)  # torch.compile and DDP
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
 
     # --- the training loop ----------------------------------------------------------------------------------
@@ -324,20 +338,13 @@ def train(cfg, given=frozenset()):
         optimizer.zero_grad(set_to_none=True)
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            dt_iter = (time.time() - t0) / (iter_num - iter0)
-            log_train(run, raw_model, iter_num, tokens, loss_sum, grad_norm, lr, dt_iter, tokens_per_iter)
+            dt = (time.time() - t0) / (iter_num - iter0)  # seconds per iteration since the last line
+            log_train(run, cfg.out_dir, iter=iter_num, tokens=tokens, loss=loss_sum.item(), lr=lr,  # (syncs)
+                      grad_norm=grad_norm.item(), ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
+                      mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt))
             t0, iter0 = time.time(), iter_num
 
-    # --- the end --------------------------------------------------------------------------------------------
-    gamma, delta = raw_model.gamma_delta()
-    torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
-    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
-            + corridor_summary(gamma, delta))
-    if run.writes:
-        run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
-        unlock_run_dir(cfg.out_dir)
-    if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
-        torch.distributed.barrier()
+    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # the heads' final γ and δ; the log's end
     return raw_model
 
 

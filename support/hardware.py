@@ -70,12 +70,12 @@ def pick_device_and_dtype(cfg, local_rank):
 
 
 class Run:
-    """This process's part of a run: its settings, its place among the DDP processes (local_rank: None outside
-    torchrun), device, dtype and autocast context. say prints on the master; log writes log.jsonl, once
-    rundir.start_run_dir has opened it."""
+    """This process's part of a run: its place among the DDP processes (local_rank: None outside torchrun),
+    device, dtype and autocast context. say prints on the master; log writes log.jsonl, once
+    rundir.start_run_dir has opened it (on the master, unless eval_only: it changes nothing on disk)."""
 
-    def __init__(self, cfg, rank, local_rank, world_size, dev, dtype):
-        self.cfg, self.rank, self.local_rank, self.world_size = cfg, rank, local_rank, world_size
+    def __init__(self, rank, local_rank, world_size, dev, dtype, eval_only=False):
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self.dev, self.dtype = dev, dtype
         self.device_type = dev.split(":")[0]
         self.ctx = nullcontext()  # float32: no autocast
@@ -83,7 +83,7 @@ class Run:
             self.ctx = torch.autocast(self.device_type, dtype=getattr(torch, dtype))
         self.ddp = local_rank is not None  # started by torchrun
         self.master = rank == 0  # only the master prints
-        self.writes = rank == 0 and not cfg.eval_only  # eval_only changes nothing on disk
+        self.writes = rank == 0 and not eval_only  # the process that writes the run directory
         self.run_log = None
 
     def say(self, *args):
@@ -113,7 +113,7 @@ def start_process(cfg):
     """This process's Run: its place in the DDP run (if torchrun started it), device, dtype and autocast
     context; the DDP group joined; the seed set."""
     rank, local_rank, world_size = ddp_env()
-    run = Run(cfg, rank, local_rank, world_size, *pick_device_and_dtype(cfg, local_rank))
+    run = Run(rank, local_rank, world_size, *pick_device_and_dtype(cfg, local_rank), cfg.eval_only)
     if run.ddp:
         if run.device_type == "cuda":
             torch.cuda.set_device(run.dev)

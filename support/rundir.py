@@ -246,6 +246,16 @@ def load_optimizer_state(optimizer, ckpt):
     optimizer.load_state_dict({"state": state, "param_groups": built["param_groups"]})
 
 
+def restore(ckpt, optimizer, train_loader):
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, its optimizer state and loader
+    position restored; a new run (ckpt None) starts at (0, 0, inf)."""
+    if ckpt is None:
+        return 0, 0, float("inf")
+    load_optimizer_state(optimizer, ckpt)
+    train_loader.load_state_dict(ckpt["loader"])
+    return ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
+
+
 def trim_log(path, iter_num):
     """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
     the one history that the resumed run continues. Only a last line cut off by a crash may be unreadable."""
@@ -310,10 +320,10 @@ class RunLog:
 # -----------------------------------------------------------------------------
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
-def start_run_dir(run, resume_iter):
-    """Claim out_dir (claim_run_dir), then start its log, then write config.json: a config.json without a log
-    is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when resuming, else None."""
-    cfg = run.cfg
+def start_run_dir(run, cfg, resume_iter):
+    """Claim cfg.out_dir (claim_run_dir), then start run's log there, then write config.json (cfg): a
+    config.json without a log is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when
+    resuming, else None."""
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
@@ -324,11 +334,12 @@ def start_run_dir(run, resume_iter):
 
 
 def save_checkpoint(run, checkpoint, latest):
-    """checkpoint (train.py's dict) as ckpt.pt when latest, and as ckpt_NNNNNN.pt when save_every is due."""
-    cfg, iter_num = run.cfg, checkpoint["iter_num"]
-    paths = [os.path.join(cfg.out_dir, "ckpt.pt")] if latest else []
-    if cfg.save_every and iter_num % cfg.save_every == 0:  # kept for later analysis; resume reads ckpt.pt
-        paths.append(os.path.join(cfg.out_dir, f"ckpt_{iter_num:06d}.pt"))
+    """checkpoint (train.py's dict) as ckpt.pt when latest, and as ckpt_NNNNNN.pt when save_every (of its
+    settings) is due, in their out_dir; run says where."""
+    cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
+    paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if latest else []
+    if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
+        paths.append(os.path.join(cfg["out_dir"], f"ckpt_{iter_num:06d}.pt"))
     for path in paths:
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         run.say(f"saved checkpoint to {path}")

@@ -1,11 +1,10 @@
 """
 train.py's settings beyond their defaults: each value's rule, the settings that only make sense together, what
-a resumed run keeps from its checkpoint, and the model settings a checkpoint or a pretrained model fixes.
-The model's settings are GPTConfig's fields (train.py passes in their defaults), which GPTConfig checks.
+a resumed run keeps from its checkpoint, and the model settings a checkpoint or GPT-2 fixes. The model's own
+settings (train.py's model_args) are checked by GPTConfig.
 """
 import importlib.util
 import os
-from dataclasses import fields
 
 from operators import OPS, all_controls
 from support.configurator import (SEED, ConfigError, at_least, check, in_range, nonempty, one_of,
@@ -30,16 +29,6 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"))
 
 
-def defaults(train_defaults, model_defaults):
-    """Every setting and its default: train.py's own, the model's (GPTConfig's fields) and every op's controls
-    (read now: an op may be registered after train.py is imported)."""
-    return {**train_defaults, **model_defaults, **all_controls()}
-
-
-def continues_checkpoint(cfg):  # out_dir's checkpoint is resumed, or evaluated (eval_only, no other model)
-    return cfg.init_from == "resume" or (cfg.eval_only and cfg.init_from == "scratch")
-
-
 def check_schedule(cfg):
     """Settings that only make sense together (with the number of DDP processes too): checked before any
     device or file is touched."""
@@ -55,29 +44,28 @@ def check_schedule(cfg):
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
 
 
-def resume_from_checkpoint(cfg, given, train_defaults, model_defaults):
-    """(ckpt, changed): the checkpoint in out_dir when this run continues (init_from=resume) or evaluates it
-    (eval_only, no other model), else None; it keeps its settings (checked again) but those given: changed."""
-    if not continues_checkpoint(cfg):
-        return None, []
-    everything = defaults(train_defaults, model_defaults)
+def resume_from_checkpoint(cfg, given, defaults):
+    """(ckpt, kept, changed) when this run continues out_dir's checkpoint (init_from=resume) or evaluates it
+    (eval_only, no other model): the checkpoint, the settings it keeps (each not given, checked again against
+    defaults: train.py's) and what the settings given change; else (None, {}, [])."""
+    if cfg.init_from != "resume" and not (cfg.eval_only and cfg.init_from == "scratch"):
+        return None, {}, []
     ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-    rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
-    changed = []
-    if ckpt["config"].get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is default
-        ckpt["config"]["impl"] = cfg.impl = "sdpa"
+    saved = {k: v for k, v in ckpt["config"].items() if k in vars(cfg) and k not in ("out_dir", "eval_only")}
+    kept, changed = {}, []
+    if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
+        saved["impl"] = "sdpa"
         changed.append("impl='sdpa' (was 'auto', which no longer exists)")
-    for k, v in ckpt["config"].items():
-        if k not in vars(cfg) or k in ("out_dir", "eval_only"):
-            continue
+    rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
+    for k, v in saved.items():
         if k == "init_from" or k not in given:
-            setattr(cfg, k, check(k, v, everything, rules))
+            kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
         elif getattr(cfg, k) != v:
             changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
-    if not cfg.eval_only and ckpt["iter_num"] >= cfg.max_iters:
+    if not cfg.eval_only and ckpt["iter_num"] >= kept.get("max_iters", cfg.max_iters):
         raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
                           "raise --max_iters to train on")
-    return ckpt, changed
+    return ckpt, kept, changed
 
 
 def check_same_data(ckpt, meta, dataset):
@@ -92,24 +80,27 @@ def check_same_data(ckpt, meta, dataset):
                           f"tokenizer or vocabulary); {fix}")
 
 
-def model_settings(cfg, given, model_defaults):
-    """GPTConfig's arguments as cfg sets them: the model's settings, and the chosen op's controls (those given
-    too, which GPTConfig refuses if they are another op's)."""
+def op_controls(cfg, given):
+    """The controls of cfg's op as cfg sets them, and any other op's control given (GPTConfig refuses it)."""
     chosen = OPS[cfg.op].controls if cfg.op in OPS else {}  # an unknown op: GPTConfig names it
-    controls = {k: getattr(cfg, k) for k in all_controls() if k in chosen or k in given}
-    return {**{k: getattr(cfg, k) for k in model_defaults}, "controls": controls}
+    return {k: getattr(cfg, k) for k in all_controls() if k in chosen or k in given}
 
 
-def adopt_model_settings(cfg, given, config, source):
-    """A checkpoint or GPT-2 (source) fixes the architecture: a model setting given explicitly that differs
-    from it is refused, never silently ignored; cfg is then set to what runs (config: the model's config)."""
-    keys = [f.name for f in fields(config) if f.name not in ("vocab_size", "controls")]
-    built = {**{k: getattr(config, k) for k in keys}, **config.controls}
-    for k in sorted(given & (set(keys) | set(all_controls())) - set(RESUME_MAY_CHANGE)):
-        if k not in built:
-            raise ConfigError(f"{k} is not a control of the {source}'s op={config.op!r}; drop it")
-        if getattr(cfg, k) != built[k]:
-            raise ConfigError(f"{k}={getattr(cfg, k)!r} differs from the {source}'s {built[k]!r}; its model "
-                              "is fixed, drop that setting")
-    for k, v in built.items():
-        setattr(cfg, k, v)
+def as_settings(model_args):
+    """A model's settings as train.py names them: model_args (or a GPTConfig as a dict) without the data's
+    vocab_size, and the op's controls each a setting of its own."""
+    return {**{k: v for k, v in model_args.items() if k not in ("vocab_size", "controls")},
+            **model_args["controls"]}
+
+
+def refuse_another_model(given, model_args, built, resumed):
+    """A checkpoint (resumed) or GPT-2 fixes the model: a model setting given (in model_args) that differs
+    from the model built from it (built: its GPTConfig as a dict) is refused, never silently ignored."""
+    source = "checkpoint" if resumed else "pretrained model"
+    asked, fixed = as_settings(model_args), as_settings(built)
+    for k in sorted(given & asked.keys() - set(RESUME_MAY_CHANGE)):
+        if k not in fixed:
+            raise ConfigError(f"{k} is not a control of the {source}'s op={built['op']!r}; drop it")
+        if asked[k] != fixed[k]:
+            raise ConfigError(f"{k}={asked[k]!r} differs from the {source}'s {fixed[k]!r}; its model is "
+                              "fixed, drop that setting")

@@ -18,11 +18,11 @@ import prepare_data
 import sample
 import train
 from helpers import ROOT
-from support import settings
+from operators import all_controls
 from support.configurator import comments
 
 SCRIPTS = {  # script -> (its settings, how it is asked for --help)
-    "train": (lambda: settings.defaults(train.DEFAULTS, train.MODEL_DEFAULTS),
+    "train": (lambda: {**train.DEFAULTS, **all_controls()},
               lambda: train.parse_config(["--help"])),
     "sample": (lambda: sample.DEFAULTS, lambda: sample.main(["--help"])),
     "prepare_data": (lambda: prepare_data.OPTIONS, lambda: prepare_data.main(["--help"])),

@@ -7,6 +7,7 @@ one-line exits, and sampling. Bad inputs: test_bad_inputs.py.
 
     python -m pytest -q tests/test_train.py
 """
+import dataclasses
 import json
 import math
 import os
@@ -57,6 +58,16 @@ def test_config_file_and_overrides(tmp_path):
     assert given == {"op", "n_layer", "learning_rate", "gamma_min", "compile", "out_dir"}
     # defaults: train.py's, the ops'
     assert (c.batch_size, c.gamma_init, c.laplacian_heads) == (12, 0.0, None)
+
+
+def test_train_py_writes_out_the_model_settings_with_gptconfigs_values():
+    """Every model setting is one of train.py's globals, with the value GPTConfig gives it (vocab_size is
+    the data's, and the op's controls are operators.py's): a run given none builds GPTConfig's model."""
+    model_settings = {f.name: f.default for f in dataclasses.fields(GPTConfig)
+                      if f.name not in ("vocab_size", "controls")}
+    assert {k: getattr(train, k) for k in model_settings} == model_settings
+    cfg = parse_config([])[0]
+    assert {k: getattr(cfg, k) for k in model_settings} == model_settings
 
 
 def test_the_seed_decides_the_initial_weights_and_the_data_order(workdir):
@@ -154,8 +165,9 @@ def test_corridor_summary_counts_heads_strictly_inside():
 
 @pytest.mark.parametrize("vocab, padded", [(50257, 50304), (50256, 50256), (103, 103)])
 def test_gpt2s_vocabulary_is_padded_to_a_multiple_of_64(vocab, padded):
-    cfg, given = parse_config(TINY)
-    model = build_model(cfg, given, {"tokenizer": "gpt2", "vocab_size": vocab}, None)
+    cfg, _ = parse_config(TINY)
+    model_args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    model = build_model(cfg, model_args, {"tokenizer": "gpt2", "vocab_size": vocab}, None)
     assert model.config.vocab_size == model.lm_head.weight.shape[0] == padded
 
 
@@ -529,8 +541,7 @@ def test_nccl_is_bound_to_the_process_gpu_when_the_group_starts(monkeypatch, dev
     not at the first collective; gloo gets none."""
     calls = []
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: calls.append((a, k)))
-    cfg = parse_config(["--dtype=float32"])[0]
-    hardware.join_group(hardware.Run(cfg, rank=3, local_rank=1, world_size=4, dev=dev, dtype="float32"))
+    hardware.join_group(hardware.Run(rank=3, local_rank=1, world_size=4, dev=dev, dtype="float32"))
     assert calls == [((backend,), dict(rank=3, world_size=4, device_id=device_id))]
 
 
