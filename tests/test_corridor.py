@@ -1082,6 +1082,24 @@ def test_a_long_text_is_cut_to_its_start_and_a_line_says_so(trained, tmp_path, d
     assert panels(drawn["operators.png"])[1].shape == (4, 5, 5)
 
 
+@pytest.fixture
+def odd_run(trained, tmp_path):
+    """The trained run in a folder named like a formula (to matplotlib, $…$ is one), its alphabet a–i, n, the
+    newline and what Python literals and formulas read: " $ _ ^ \\."""
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    ckpt["meta"]["chars"] = 'abcdefghin"$_^\\\n'
+    (tmp_path / "$name_$seed").mkdir()
+    torch.save(ckpt, tmp_path / "$name_$seed" / "ckpt.pt")
+    return str(tmp_path / "$name_$seed")
+
+
+def test_a_text_is_drawn_as_typed_quotes_and_backslashes_too(odd_run, tmp_path, drawn):
+    """--text="a\\nb" is those 6 characters, not a Python string holding a newline."""
+    assert corridor.main([odd_run, '--text="a\\nb"', f"--out={tmp_path}"]) == 0
+    axes = panels(drawn["operators.png"])[0]
+    assert [t.get_text() for t in axes[-1].get_xticklabels()] == ['"', "a", "\\\\", "n", "b", '"']
+
+
 # each op's (a, b) per head (2 heads), as README's table has them, for a fresh model started at γ = −0.3
 CORRIDOR = ([-0.3, -0.3], [1, 1])
 OP_COEFFICIENTS = {"attention": ([0, 0], [1, 1]), "laplacian": ([0, 1], [1, -1]),
