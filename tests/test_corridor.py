@@ -746,6 +746,14 @@ def test_corridor_curve_png(tmp_path, capsys):
     assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
 
 
+def test_figures_of_a_run_named_like_a_formula_are_written(tmp_path, capsys):
+    """matplotlib would read $name_$ in the titles and the legend as a formula, and fail on it."""
+    dirs = [make_run(tmp_path, "$name_$seed_s5", seed=5, **TWO_LAYERS)] + curve_runs(tmp_path)
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    names = ["gamma_$name_$seed_s5.png", "delta_$name_$seed_s5.png", "gamma_final_$name_$seed_s5.png"]
+    assert sorted(os.listdir(tmp_path / "figs")) == sorted(names + ["val_loss.png", "corridor_curve.png"])
+
+
 def test_val_loss_figure_lines(tmp_path):
     dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10),
                      **ZEROS) for s in range(6)]
@@ -1098,6 +1106,13 @@ def test_a_text_is_drawn_as_typed_quotes_and_backslashes_too(odd_run, tmp_path, 
     assert corridor.main([odd_run, '--text="a\\nb"', f"--out={tmp_path}"]) == 0
     axes = panels(drawn["operators.png"])[0]
     assert [t.get_text() for t in axes[-1].get_xticklabels()] == ['"', "a", "\\\\", "n", "b", '"']
+
+
+def test_a_run_and_a_text_that_look_like_formulas_draw(odd_run, capsys):
+    """matplotlib would read $name_$ in the title, or $_$ in the tokens, as a formula, and fail on it."""
+    assert corridor.main([odd_run, "--text=$a_$b^\\c"]) == 0
+    png = os.path.join(odd_run, "operators.png")
+    assert f"wrote {png}" in capsys.readouterr().out and open(png, "rb").read(4) == b"\x89PNG"
 
 
 # each op's (a, b) per head (2 heads), as README's table has them, for a fresh model started at γ = −0.3
