@@ -1151,6 +1151,8 @@ BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh
     "an --out that cannot be written": (lambda run, d: [run, f"--text={TEXT}", f"--out={d / 'a_file'}"],
                                         "a_file: File exists"),
     "two runs": (lambda run, d: [run, run, f"--text={TEXT}", f"--out={d}"], "draws the heads of one run"),
+    "an --out linking to nothing": (lambda run, d: [run, f"--text={TEXT}", f"--out={d / 'a_link'}"],
+                                    "a_link links to missing, a folder that does not exist: make it"),
 }
 
 
@@ -1158,10 +1160,12 @@ BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh
 def test_bad_text_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, case):
     args, message = BAD_TEXT[case]
     (tmp_path / "a_file").write_text("kept")
+    os.symlink("missing", tmp_path / "a_link")
     assert corridor.main(args(trained, tmp_path)) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err  # that line only
-    assert os.listdir(tmp_path) == ["a_file"] and (tmp_path / "a_file").read_text() == "kept"
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "a_link"]
+    assert (tmp_path / "a_file").read_text() == "kept"
     assert not os.path.exists(os.path.join(trained, "operators.png"))
 
 
