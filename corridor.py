@@ -644,25 +644,20 @@ OPTIONS = dict(
 )
 
 
-def out_folder(key, value):
-    """--out: a folder to write into; a link to a missing one is refused here (os.makedirs: "File exists")."""
-    if os.path.islink(nonempty(key, value)) and not os.path.exists(value):
-        raise ConfigError(f"--{key}={value} links to {os.readlink(value)}, a folder that does not exist: "
-                          f"make it, or give another --{key}")
-    return value
-
-
 def main(argv):
     usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH] | RUN_DIR --text=TEXT"
     paths = [a for a in argv if not a.startswith("-")]
     try:
         opts, given = configure(OPTIONS, [a for a in argv if a.startswith("-")],
-                                dict(out=out_folder, csv=nonempty), files=False,
+                                dict(out=nonempty, csv=nonempty), files=False,
                                 help_from=[("", sys.modules[__name__])])
         if not paths:
             raise ConfigError("no run directory given")
         if "text" in given and (len(paths) > 1 or opts.csv):
             raise ConfigError("--text draws the heads of one run: give one run directory and no --csv")
+        if os.path.islink(opts.out) and not os.path.exists(opts.out):  # os.makedirs would say "File exists"
+            raise ConfigError(f"--out={opts.out} links to {os.readlink(opts.out)}, a folder that does not "
+                              "exist: make it, or give another --out")
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
         return 1

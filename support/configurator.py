@@ -162,10 +162,8 @@ def check(key, value, defaults, rules):
 
 
 def parse_value(text, default):
-    if isinstance(default, str):
-        return text  # text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a name
-    try:
-        return literal_eval(text)
+    try:  # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a name
+        return text if isinstance(default, str) else literal_eval(text)
     except (SyntaxError, ValueError, TypeError):
         return text  # a bare word, or not a value: {[1]: 2}
 
