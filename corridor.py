@@ -655,6 +655,9 @@ def main(argv):
             raise ConfigError("no run directory given")
         if "text" in given and (len(paths) > 1 or opts.csv):
             raise ConfigError("--text draws the heads of one run: give one run directory and no --csv")
+        if os.path.islink(opts.out) and not os.path.exists(opts.out):  # os.makedirs would say "File exists"
+            raise ConfigError(f"--out={opts.out} links to {os.readlink(opts.out)}, a folder that does not "
+                              "exist: make it, or give another --out")
     except ConfigError as e:
         print(f"error: {e} ({usage})", file=sys.stderr)
         return 1

@@ -4,8 +4,8 @@ The configurator: nanoGPT's way of setting things, with every value checked wher
     python train.py config/train_demo.py --op=attention --max_iters=500
 
 Settings start at a script's defaults; config files (Python that assigns names), then --key=value arguments
-(a Python literal, else text) override them. Each setting is checked once, here: an unknown key gets a "did
-you mean", a bad value one line that names the key and says what is allowed. Scripts read cfg.learning_rate.
+(text settings as typed, the rest Python literals) override them. Each is checked once, here: an unknown key
+gets "did you mean", a bad value one line naming the key and what it allows. Scripts read cfg.learning_rate.
 --help prints the script's docstring, then every setting with its default and the comment beside it.
 It opens with open_regular, the one way every script opens a file it parses or writes (config files too).
 """
@@ -162,11 +162,10 @@ def check(key, value, defaults, rules):
 
 
 def parse_value(text, default):
-    try:
-        value = literal_eval(text)
+    try:  # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a name
+        return text if isinstance(default, str) else literal_eval(text)
     except (SyntaxError, ValueError, TypeError):
-        return text  # a bare word (--op=mix), or not a value: {[1]: 2}
-    return text if isinstance(default, str) and not isinstance(value, str) else value  # --out_dir=2024: text
+        return text  # a bare word, or not a value: {[1]: 2}
 
 
 def configure(defaults, argv, rules=None, files=True, help_from=()):

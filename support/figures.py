@@ -6,6 +6,7 @@ import math
 
 import matplotlib
 matplotlib.use("Agg")  # draw into files only: no window, so it also works on a server or in CI
+matplotlib.rcParams["text.parse_math"] = False  # every text drawn as typed: a run out/$a_$b is no formula
 import matplotlib.pyplot as plt
 import numpy as np
 

@@ -178,7 +178,7 @@ def test_a_falsy_default_still_fixes_the_type(key, value, words):
     ("init_from", ROOT, ROOT, "resumed", "init_from='resumed' is not allowed: use scratch, resume, gpt2, "
      "gpt2-medium, gpt2-large, gpt2-xl or a local directory saved with transformers' save_pretrained"),
     # a text setting keeps numbers as text
-    ("dataset", "2024", "2024", "''", "dataset is empty: give a value"),
+    ("dataset", "2024", "2024", "", "dataset is empty: give a value"),
 ])
 def test_the_boundaries_of_train_settings(key, ok, value, bad, words):
     """The last allowed value is taken, with its setting's type; the first one past it is refused by name."""
@@ -214,9 +214,10 @@ def test_the_command_line_beats_config_files_wherever_it_stands(workdir):
     assert given == {"n_layer", "n_head", "batch_size", "wandb_run_name", "lr_decay_iters", "op"}
 
 
-def test_a_value_python_cannot_evaluate_is_text():
-    c, _ = train.parse_config(["--wandb_run_name={[1]: 2}"])  # an unhashable key
-    assert c.wandb_run_name == "{[1]: 2}"
+def test_a_value_python_cannot_evaluate_is_text(workdir):
+    """A setting whose default is not text takes a literal; one Python cannot evaluate is text, refused."""
+    assert train_error("--lr_decay_iters={[1]: 2}") == ("error: lr_decay_iters='{[1]: 2}' is not allowed: it "
+                                                        "must be an integer")  # an unhashable key
 
 
 def test_a_value_may_hold_an_equals_sign():

@@ -746,6 +746,14 @@ def test_corridor_curve_png(tmp_path, capsys):
     assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
 
 
+def test_figures_of_a_run_named_like_a_formula_are_written(tmp_path, capsys):
+    """matplotlib would read $name_$ in the titles and the legend as a formula, and fail on it."""
+    dirs = [make_run(tmp_path, "$name_$seed_s5", seed=5, **TWO_LAYERS)] + curve_runs(tmp_path)
+    assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
+    names = ["gamma_$name_$seed_s5.png", "delta_$name_$seed_s5.png", "gamma_final_$name_$seed_s5.png"]
+    assert sorted(os.listdir(tmp_path / "figs")) == sorted(names + ["val_loss.png", "corridor_curve.png"])
+
+
 def test_val_loss_figure_lines(tmp_path):
     dirs = [make_run(tmp_path, f"attn_s{s}", op="attention", seed=s, val=(3.0, 2.0 + s / 10, 1.0 + s / 10),
                      **ZEROS) for s in range(6)]
@@ -1082,6 +1090,31 @@ def test_a_long_text_is_cut_to_its_start_and_a_line_says_so(trained, tmp_path, d
     assert panels(drawn["operators.png"])[1].shape == (4, 5, 5)
 
 
+@pytest.fixture
+def odd_run(trained, tmp_path):
+    """The trained run in a folder named like a formula (to matplotlib, $…$ is one), its alphabet a–i, n, the
+    newline and what Python literals and formulas read: " $ _ ^ \\."""
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    ckpt["meta"]["chars"] = 'abcdefghin"$_^\\\n'
+    (tmp_path / "$name_$seed").mkdir()
+    torch.save(ckpt, tmp_path / "$name_$seed" / "ckpt.pt")
+    return str(tmp_path / "$name_$seed")
+
+
+def test_a_text_is_drawn_as_typed_quotes_and_backslashes_too(odd_run, tmp_path, drawn):
+    """--text="a\\nb" is those 6 characters, not a Python string holding a newline."""
+    assert corridor.main([odd_run, '--text="a\\nb"', f"--out={tmp_path}"]) == 0
+    axes = panels(drawn["operators.png"])[0]
+    assert [t.get_text() for t in axes[-1].get_xticklabels()] == ['"', "a", "\\\\", "n", "b", '"']
+
+
+def test_a_run_and_a_text_that_look_like_formulas_draw(odd_run, capsys):
+    """matplotlib would read $name_$ in the title, or $_$ in the tokens, as a formula, and fail on it."""
+    assert corridor.main([odd_run, "--text=$a_$b^\\c"]) == 0
+    png = os.path.join(odd_run, "operators.png")
+    assert f"wrote {png}" in capsys.readouterr().out and open(png, "rb").read(4) == b"\x89PNG"
+
+
 # each op's (a, b) per head (2 heads), as README's table has them, for a fresh model started at γ = −0.3
 CORRIDOR = ([-0.3, -0.3], [1, 1])
 OP_COEFFICIENTS = {"attention": ([0, 0], [1, 1]), "laplacian": ([0, 1], [1, -1]),
@@ -1118,6 +1151,8 @@ BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh
     "an --out that cannot be written": (lambda run, d: [run, f"--text={TEXT}", f"--out={d / 'a_file'}"],
                                         "a_file: File exists"),
     "two runs": (lambda run, d: [run, run, f"--text={TEXT}", f"--out={d}"], "draws the heads of one run"),
+    "an --out linking to nothing": (lambda run, d: [run, f"--text={TEXT}", f"--out={d / 'a_link'}"],
+                                    "a_link links to missing, a folder that does not exist: make it"),
 }
 
 
@@ -1125,10 +1160,12 @@ BAD_TEXT = {  # what is wrong: (the arguments, given the trained run and a fresh
 def test_bad_text_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, case):
     args, message = BAD_TEXT[case]
     (tmp_path / "a_file").write_text("kept")
+    os.symlink("missing", tmp_path / "a_link")
     assert corridor.main(args(trained, tmp_path)) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err  # that line only
-    assert os.listdir(tmp_path) == ["a_file"] and (tmp_path / "a_file").read_text() == "kept"
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "a_link"]
+    assert (tmp_path / "a_file").read_text() == "kept"
     assert not os.path.exists(os.path.join(trained, "operators.png"))
 
 

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("matplotlib")
 from support import figures  # noqa: E402
 from support.figures import plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -124,6 +125,31 @@ def test_corridor_curve_without_learned_runs_has_one_panel():
     (ax,) = fig.axes
     assert ax.get_xlim() == pytest.approx((-1.0 - 0.08, 0.3 + 0.08))  # the whole corridor stays in view
     assert ax.get_xlabel().startswith("γ ")
+
+
+# what run names, settings and texts may hold: to mathtext, $…$ is a formula ($name_$ one it cannot parse)
+NAME = r"$name_$seed ^2 \alpha $x$"
+
+
+def drawn_texts(fig):
+    """Every text fig draws, once drawn (a formula mathtext cannot parse fails here), each drawn as typed."""
+    fig.canvas.draw()
+    texts = [t for t in fig.findobj(Text) if t.get_text()]
+    assert [t.get_text() for t in texts if t.get_parse_math()] == []  # none of them read as a formula
+    return {t.get_text() for t in texts}
+
+
+def test_names_and_texts_are_drawn_as_typed_in_every_figure():
+    """Titles, labels, legends and ticks that show a run's name, its settings or the user's tokens."""
+    scalars = figures.head_scalars([0, 1], np.zeros((2, 1, 1)), "γ", NAME, NAME)
+    assert {NAME, f"γ of every head over training\n{NAME}"} <= drawn_texts(scalars)
+    assert NAME in drawn_texts(figures.final_gamma(np.zeros((1, 1)), NAME))
+    assert NAME in drawn_texts(figures.val_loss([(NAME, {0: 1.0})], NAME, NAME))
+    curve = {"curves": [{**CURVE["curves"][0], "label": NAME}],
+             "learned": [{**CURVE["learned"][0], "label": NAME}]}
+    assert {NAME, f"learned {NAME}"} <= drawn_texts(figures.corridor_curve(curve))
+    tokens = ["$", "_", "^", "\\\\", "$x$"]  # corridor.py's tick labels: a backslash shows as \\
+    assert {NAME, *tokens} <= drawn_texts(figures.operators(np.zeros((1, 1, 5, 5)), tokens, [NAME], NAME))
 
 
 def test_save_writes_a_png_and_frees_the_figure(tmp_path):

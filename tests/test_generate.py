@@ -209,6 +209,13 @@ def test_sample_from_gpt2_weights_continues_as_gpt2_does(tiny_gpt2):
         "error: op='softmax' is not allowed: choose one of")
 
 
+@pytest.mark.parametrize("start", ['"a\\nb"', "a\\nb", "'x'"])
+def test_the_prompt_is_taken_as_typed(tiny_gpt2, start):
+    """--start is text: its quotes and backslashes stay (no Python literal is read in it)."""
+    args = [f"--init_from={tiny_gpt2[1]}", f"--start={start}", "--num_samples=1", "--max_new_tokens=0"]
+    assert sample.main(args) == [start]
+
+
 def test_sample_from_gpt2_offline_gives_the_data_preparers_error(tiny_gpt2, monkeypatch):
     def offline(name):
         raise ConnectionError("no network")
