@@ -26,7 +26,7 @@ from support import hellaswag, settings
 from support.kernel_check import check_kernel
 from support.configurator import ConfigError, configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import end_process, exit_status, start_process
+from support.hardware import compiled_and_wrapped, end_process, exit_status, start_process
 from support.rundir import (interrupted, restore, save_checkpoint, start_run_dir, stop_if_not_finite,
                             unlock_run_dir)
 
@@ -229,27 +229,6 @@ def say_what_runs(run, cfg, changed, model, tokens_per_iter):
         run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
     run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
             f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-
-
-def compiled_and_wrapped(model, cfg, run):
-    """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
-    gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
-    if cfg.eval_only:  # evaluation runs the model as it is (the raw model: see the loop)
-        return model
-    if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
-        run.say("compiling the model... (takes a minute)")
-        model = torch.compile(model)
-    if run.ddp:  # DDP syncs the gradients of the processes
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
-    # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
-    # compile a graph for aliased arguments, and the loop's first step would compile again)
-    x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
-    y = torch.zeros_like(x)
-    with run.ctx:
-        model(x, y)[1].backward()
-    model.zero_grad(set_to_none=True)
-    return model
 
 
 def finish(run, model, out_dir, iter_num, best_val_loss):

@@ -1,6 +1,7 @@
 """
-hardware.py: the machine a run uses and the processes on it, apart from the model: this process's Run (its
-place in a DDP run, device, dtype, autocast context and printer), the DDP group, and CPU memory.
+hardware.py: the machine a run uses and the processes on it: this process's Run (its place in a DDP run,
+device, dtype, autocast context and printer), the DDP group, the model compiled and wrapped for it, and CPU
+memory.
 """
 import ctypes
 import os
@@ -123,6 +124,27 @@ def start_process(cfg):
     if run.device_type == "cpu":
         keep_freed_memory()  # fewer page faults per step
     return run
+
+
+def compiled_and_wrapped(model, cfg, run):
+    """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
+    gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
+    if cfg.eval_only:  # evaluation runs the model as it is (the raw model: see the loop)
+        return model
+    if cfg.compile or (cfg.compile is None and run.device_type == "cuda"):
+        run.say("compiling the model... (takes a minute)")
+        model = torch.compile(model)
+    if run.ddp:  # DDP syncs the gradients of the processes
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
+    # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
+    # compile a graph for aliased arguments, and the loop's first step would compile again)
+    x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
+    y = torch.zeros_like(x)
+    with run.ctx:
+        model(x, y)[1].backward()
+    model.zero_grad(set_to_none=True)
+    return model
 
 
 def end_process():

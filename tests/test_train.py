@@ -565,7 +565,7 @@ def test_every_exit_leaves_the_ddp_group(workdir, group_of_one, monkeypatch, sto
     otherwise (gloo does not, so the test watches the call)."""
     destroy, left = torch.distributed.destroy_process_group, []
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: left.append(destroy()))
-    def ctrl_c(cfg, run):
+    def ctrl_c(dataset, run):
         raise KeyboardInterrupt
     if stop == "Ctrl-C":
         monkeypatch.setattr(train, "prepare", ctrl_c)
