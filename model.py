@@ -142,18 +142,6 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
-              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
-              "V100": 125e12, "T4": 65e12}
-
-
-def peak_flops(device):
-    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
-
-
 class GPT(nn.Module):
 
     def __init__(self, config):
@@ -315,6 +303,18 @@ def unfit(e):
     message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
     return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
             "another version or was edited")
+
+
+# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
+              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device):
+    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
 
 
 # -----------------------------------------------------------------------------
