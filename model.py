@@ -36,37 +36,7 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
     def __post_init__(self):
-        """Every value checked where a config is made (a config file, a checkpoint, the command line): a
-        ValueError names the setting and what is allowed. The op's controls get their defaults."""
-        def bad(key, allowed):
-            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
-        if self.op not in OPS:
-            bad("op", f"choose one of {', '.join(OPS)}")
-        for key, choices in (("impl", ("sdpa", "materialized", "triton")), ("gelu", ("none", "tanh"))):
-            if getattr(self, key) not in choices:
-                bad(key, f"choose one of {', '.join(choices)}")
-        if self.impl == "triton" and importlib.util.find_spec("triton") is None:
-            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
-                bad(key, "it must be a positive integer")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "it must be in [0, 1)")
-        if self.impl == "triton" and self.dropout:
-            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        if self.impl == "triton" and self.n_embd // self.n_head not in (16, 32, 64, 128):  # kernel.HEAD_DIMS
-            bad("impl", f"the fused kernel takes head sizes 16, 32, 64 and 128, not n_embd / n_head = "
-                        f"{self.n_embd // self.n_head}; use impl='sdpa'")
-        Op = OPS[self.op]
-        for key in self.controls:
-            if key not in Op.controls:
-                has = ", ".join(Op.controls) or "none"
-                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); "
-                                 "drop it or change op")
-        self.controls = {**Op.controls, **self.controls}
-        Op.check(self.n_head, self.controls)
+        check_config(self)  # below GPT: a ValueError that names the setting; unset controls get defaults
 
 
 class CausalSelfAttention(nn.Module):
@@ -297,6 +267,41 @@ class GPT(nn.Module):
         except RuntimeError as e:
             raise ValueError(unfit(e)) from None
         return model
+
+
+def check_config(config):
+    """GPTConfig's checks, wherever a config is made (a config file, a checkpoint, the command line): a
+    ValueError names the setting and what is allowed. The op's controls not given get their defaults."""
+    def bad(key, allowed):
+        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+    for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
+        if getattr(config, key) not in choices:
+            bad(key, f"choose one of {', '.join(choices)}")
+    if config.impl == "triton" and importlib.util.find_spec("triton") is None:
+        bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        if type(getattr(config, key)) is not int or getattr(config, key) < 1:
+            bad(key, "it must be a positive integer")
+    if config.n_embd % config.n_head:
+        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
+    if not 0.0 <= config.dropout < 1.0:
+        bad("dropout", "it must be in [0, 1)")
+    if config.impl == "triton" and config.dropout:
+        bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+    if config.impl == "triton":
+        from kernel import HEAD_DIMS  # the kernel's own table (triton is there: checked above)
+        if config.n_embd // config.n_head not in HEAD_DIMS:
+            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
+                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config.n_embd // config.n_head}; "
+                        "use impl='sdpa'")
+    Op = OPS[config.op]
+    for key in config.controls:
+        if key not in Op.controls:
+            has = ", ".join(Op.controls) or "none"
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
+                             "drop it or change op")
+    config.controls = {**Op.controls, **config.controls}
+    Op.check(config.n_head, config.controls)
 
 
 def unfit(e):

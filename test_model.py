@@ -545,6 +545,36 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
         GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
+def test_model_imports_and_builds_where_triton_is_missing():
+    """model.py imports kernel.py (and with it triton) only for impl='triton': where triton is missing an
+    SDPA model builds, and impl='triton' is refused by the config in one line."""
+    code = ("import sys\n"
+            "sys.modules['triton'] = None  # `import triton` raises ImportError, as without triton\n"
+            "from model import GPT, GPTConfig\n"
+            "GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32))\n"
+            "try:\n"
+            "    GPTConfig(impl='triton')\n"
+            "except ValueError as e:\n"
+            "    print(e)\n"
+            "print('kernel' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == ("impl='triton' is not allowed: the triton package is not installed (Linux only); "
+                        "use impl='sdpa'\nFalse\n")
+
+
+def test_the_config_takes_the_head_sizes_from_the_kernels_table(monkeypatch):
+    """The head-size rule is kernel.HEAD_DIMS, said once: the config's refusal follows the table."""
+    kernel = pytest.importorskip("kernel")
+    monkeypatch.setattr(kernel, "HEAD_DIMS", (16, 32, 48))
+    assert GPTConfig(n_head=2, n_embd=96, impl="triton").n_embd == 96  # head size 48, now in the table
+    with pytest.raises(ValueError) as e:
+        GPTConfig(n_head=2, n_embd=128, impl="triton")
+    assert str(e.value) == ("impl='triton' is not allowed: the fused kernel takes head sizes 16, 32 and 48, "
+                            "not n_embd / n_head = 64; use impl='sdpa'")
+
+
 @pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),
                                 dict(op="laplacian", laplacian_heads=4),
                                 dict(op="mix", gamma_min=-1, gamma_init=-1)])
