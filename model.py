@@ -12,7 +12,7 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 import importlib.util
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -252,16 +252,15 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT that train.py's checkpoint dict holds; changes: settings that are not weights (dropout,
-        impl), checked by GPTConfig as the caller's own. The checkpoint's settings, and its weights under
-        load_state_dict(strict=True) (every weight, each of its shape, nothing else), must fit this code:
-        else a ValueError in one line."""
-        as_saved = {**ckpt["model_args"], **{k: getattr(GPTConfig, k) for k in changes}}  # changes aside
+        """The GPT that train.py's checkpoint dict holds, with changes: the caller's settings that are not
+        weights (dropout, impl). The file's settings and weights (strictly) must fit this code, else a
+        one-line ValueError."""
+        saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
         try:
-            GPTConfig(**as_saved)
+            config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
         except (TypeError, ValueError) as e:
             raise ValueError(unfit(e)) from None
-        model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
+        model = cls(replace(config, **changes))  # a bad change gets GPTConfig's line: it is the caller's
         try:
             model.load_state_dict(ckpt["model"], strict=True)
         except RuntimeError as e:

@@ -545,6 +545,19 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
         GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
+def test_from_checkpoint_of_a_triton_run_loads_with_sdpa_where_triton_is_missing(monkeypatch):
+    """A run trained with the fused kernel, loaded where triton is not installed: impl='sdpa', the caller's
+    change, replaces the checkpoint's impl before anything is checked against this machine."""
+    import importlib.util
+    model = GPT(tiny("mix", n_head=2))  # head size 16, which the kernel takes
+    ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config), "impl": "triton"}}
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "triton" else find_spec(name))
+    again = GPT.from_checkpoint(ckpt, impl="sdpa")
+    assert again.config.impl == "sdpa" and again.config.controls == model.config.controls
+
+
 def test_model_imports_and_builds_where_triton_is_missing():
     """model.py imports kernel.py (and with it triton) only for impl='triton': where triton is missing an
     SDPA model builds, and impl='triton' is refused by the config in one line."""
