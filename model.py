@@ -294,11 +294,15 @@ def check_config(config):
                         f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config.n_embd // config.n_head}; "
                         "use impl='sdpa'")
     Op = OPS[config.op]
-    for key in config.controls:
+    for key, value in config.controls.items():
         if key not in Op.controls:
             has = ", ".join(Op.controls) or "none"
             raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
                              "drop it or change op")
+        if type(Op.controls[key]) is float and type(value) not in (int, float):  # its default gives its type
+            raise ValueError(f"{key}={value!r} is not allowed: it must be a number")
+        if type(Op.controls[key]) is bool and type(value) is not bool:
+            raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
     config.controls = {**Op.controls, **config.controls}
     Op.check(config.n_head, config.controls)
 
