@@ -12,7 +12,7 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 import importlib.util
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -36,37 +36,7 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
     def __post_init__(self):
-        """Every value checked where a config is made (a config file, a checkpoint, the command line): a
-        ValueError names the setting and what is allowed. The op's controls get their defaults."""
-        def bad(key, allowed):
-            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
-        if self.op not in OPS:
-            bad("op", f"choose one of {', '.join(OPS)}")
-        for key, choices in (("impl", ("sdpa", "materialized", "triton")), ("gelu", ("none", "tanh"))):
-            if getattr(self, key) not in choices:
-                bad(key, f"choose one of {', '.join(choices)}")
-        if self.impl == "triton" and importlib.util.find_spec("triton") is None:
-            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
-                bad(key, "it must be a positive integer")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "it must be in [0, 1)")
-        if self.impl == "triton" and self.dropout:
-            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        if self.impl == "triton" and self.n_embd // self.n_head not in (16, 32, 64, 128):  # kernel.HEAD_DIMS
-            bad("impl", f"the fused kernel takes head sizes 16, 32, 64 and 128, not n_embd / n_head = "
-                        f"{self.n_embd // self.n_head}; use impl='sdpa'")
-        Op = OPS[self.op]
-        for key in self.controls:
-            if key not in Op.controls:
-                has = ", ".join(Op.controls) or "none"
-                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: {has}); "
-                                 "drop it or change op")
-        self.controls = {**Op.controls, **self.controls}
-        Op.check(self.n_head, self.controls)
+        check_config(self)  # below GPT: a ValueError that names the setting; unset controls get defaults
 
 
 class CausalSelfAttention(nn.Module):
@@ -140,18 +110,6 @@ class Block(nn.Module):
     def forward(self, x, cache=None):
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
-
-
-# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
-              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
-              "V100": 125e12, "T4": 65e12}
-
-
-def peak_flops(device):
-    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
 
 
 class GPT(nn.Module):
@@ -294,16 +252,15 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT that train.py's checkpoint dict holds; changes: settings that are not weights (dropout,
-        impl), checked by GPTConfig as the caller's own. The checkpoint's settings, and its weights under
-        load_state_dict(strict=True) (every weight, each of its shape, nothing else), must fit this code:
-        else a ValueError in one line."""
-        as_saved = {**ckpt["model_args"], **{k: getattr(GPTConfig, k) for k in changes}}  # changes aside
+        """The GPT that train.py's checkpoint dict holds, with changes: the caller's settings that are not
+        weights (dropout, impl). The file's settings and weights (strictly) must fit this code, else a
+        one-line ValueError."""
+        saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
         try:
-            GPTConfig(**as_saved)
+            config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
         except (TypeError, ValueError) as e:
             raise ValueError(unfit(e)) from None
-        model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
+        model = cls(replace(config, **changes))  # a bad change gets GPTConfig's line: it is the caller's
         try:
             model.load_state_dict(ckpt["model"], strict=True)
         except RuntimeError as e:
@@ -311,10 +268,61 @@ class GPT(nn.Module):
         return model
 
 
+def check_config(config):
+    """GPTConfig's checks, wherever a config is made (a config file, a checkpoint, the command line): a
+    ValueError names the setting and what is allowed. The op's controls not given get their defaults."""
+    def bad(key, allowed):
+        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+    for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
+        if getattr(config, key) not in choices:
+            bad(key, f"choose one of {', '.join(choices)}")
+    if config.impl == "triton" and importlib.util.find_spec("triton") is None:
+        bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        if type(getattr(config, key)) is not int or getattr(config, key) < 1:
+            bad(key, "it must be a positive integer")
+    if config.n_embd % config.n_head:
+        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
+    if not 0.0 <= config.dropout < 1.0:
+        bad("dropout", "it must be in [0, 1)")
+    if config.impl == "triton" and config.dropout:
+        bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+    if config.impl == "triton":
+        from kernel import HEAD_DIMS  # the kernel's own table (triton is there: checked above)
+        if config.n_embd // config.n_head not in HEAD_DIMS:
+            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
+                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config.n_embd // config.n_head}; "
+                        "use impl='sdpa'")
+    Op = OPS[config.op]
+    for key, value in config.controls.items():
+        if key not in Op.controls:
+            has = ", ".join(Op.controls) or "none"
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
+                             "drop it or change op")
+        if type(Op.controls[key]) is float and type(value) not in (int, float):  # its default gives its type
+            raise ValueError(f"{key}={value!r} is not allowed: it must be a number")
+        if type(Op.controls[key]) is bool and type(value) is not bool:
+            raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
+    config.controls = {**Op.controls, **config.controls}
+    Op.check(config.n_head, config.controls)
+
+
 def unfit(e):
     message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
     return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
             "another version or was edited")
+
+
+# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
+              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device):
+    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
 
 
 # -----------------------------------------------------------------------------

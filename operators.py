@@ -55,16 +55,15 @@ class HeadOperator(nn.Module):
 
     @classmethod
     def check(cls, n_head, controls):
-        """Raise a ValueError that names the control when a value is not allowed. Here, for every op with a
-        delta_init: δ = 0 would silence its heads and leave their γ = a/b undefined."""
-        if controls.get("delta_init") == 0:
-            raise ValueError("delta_init=0 is not allowed: it silences every head (γ = a/b is then "
-                             "undefined); give a non-zero δ, e.g. 1 (attention's)")
+        """Raise a ValueError that names the control when a value is not allowed (its type: GPTConfig's)."""
 
     def scalar(self, name, value, learn=True):
         """One value per head: a Parameter when learned, else a buffer (saved, never trained)."""
         t = torch.full((self.n_head,), float(value))
-        setattr(self, name, nn.Parameter(t)) if learn else self.register_buffer(name, t)
+        if learn:
+            self.register_parameter(name, nn.Parameter(t))
+        else:
+            self.register_buffer(name, t)
 
     def coefficients(self):
         """(a, b), each (nh,)."""
@@ -113,8 +112,18 @@ class Laplacian(HeadOperator):
         self.register_buffer("b", 1.0 - 2.0 * is_lap, persistent=False)
 
 
+class FromGammaDelta(HeadOperator):
+    """The ops whose heads start at δ(γI + P) from their gamma_init and delta_init: mix, mix_alpha, mix_ab."""
+
+    @classmethod
+    def check(cls, n_head, controls):
+        if controls["delta_init"] == 0:  # δ = b: its heads would be silent
+            raise ValueError("delta_init=0 is not allowed: it silences every head (γ = a/b is then "
+                             "undefined); give a non-zero δ, e.g. 1 (attention's)")
+
+
 @register_op("mix")
-class Mix(HeadOperator):
+class Mix(FromGammaDelta):
     """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen there."""
     controls = dict(
         gamma_init=0.0,  # every head's γ at the start (0 with δ = 1: attention)
@@ -150,7 +159,7 @@ class Mix(HeadOperator):
 
 
 @register_op("mix_alpha")
-class MixAlpha(HeadOperator):
+class MixAlpha(FromGammaDelta):
     """α0·I + α1·P, both learned, started where δ(γI + P) starts: α0 = δγ, α1 = δ."""
     controls = dict(
         gamma_init=0.0,  # start as mix does with this γ
@@ -167,7 +176,7 @@ class MixAlpha(HeadOperator):
 
 
 @register_op("mix_ab")
-class MixAB(HeadOperator):
+class MixAB(FromGammaDelta):
     """α·P + β(I - P) = β·I + (α - β)·P, learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
     controls = dict(
         gamma_init=0.0,  # start as mix does with this γ

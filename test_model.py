@@ -480,6 +480,13 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
                                      "None"),
     (dict(op="mix", gamma_min=0.0, gamma_init=-0.01),
      "gamma_init=-0.01 is below gamma_min=0.0: start γ inside its range"),
+    # a control's type is its default's (a float's takes an int), whichever op declares it
+    (dict(op="mix", gamma_init=None), "gamma_init=None is not allowed: it must be a number"),
+    (dict(op="mix", gamma_init="x", gamma_min=0.0), "gamma_init='x' is not allowed: it must be a number"),
+    (dict(op="mix_ab", delta_init=True), "delta_init=True is not allowed: it must be a number"),
+    (dict(op="mix_alpha", gamma_init=[0.5]), "gamma_init=[0.5] is not allowed: it must be a number"),
+    (dict(op="mix", learn_gamma=1), "learn_gamma=1 is not allowed: it must be True or False"),
+    (dict(op="mix", learn_delta=None), "learn_delta=None is not allowed: it must be True or False"),
 ])
 def test_bad_config_message_says_what_is_allowed(kw, message):
     with pytest.raises(ValueError) as e:
@@ -545,9 +552,66 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
         GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
+@pytest.mark.parametrize("value", [None, "x", True])
+def test_from_checkpoint_refuses_a_control_of_the_wrong_type_in_one_line(value):
+    """A checkpoint whose control has the wrong type (edited, or from elsewhere) gives the one-line ValueError
+    that names the control, as any bad setting of the file does, not a TypeError from building the model."""
+    model = GPT(tiny("mix"))
+    controls = {**model.config.controls, "gamma_init": value}
+    ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config), "controls": controls}}
+    with pytest.raises(ValueError) as e:
+        GPT.from_checkpoint(ckpt)
+    assert str(e.value) == (f"the checkpoint does not fit this code (ValueError: gamma_init={value!r} is not "
+                            "allowed: it must be a number); it comes from another version or was edited")
+
+
+def test_from_checkpoint_of_a_triton_run_loads_with_sdpa_where_triton_is_missing(monkeypatch):
+    """A run trained with the fused kernel, loaded where triton is not installed: impl='sdpa', the caller's
+    change, replaces the checkpoint's impl before anything is checked against this machine."""
+    import importlib.util
+    model = GPT(tiny("mix", n_head=2))  # head size 16, which the kernel takes
+    ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config), "impl": "triton"}}
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "triton" else find_spec(name))
+    again = GPT.from_checkpoint(ckpt, impl="sdpa")
+    assert again.config.impl == "sdpa" and again.config.controls == model.config.controls
+
+
+def test_model_imports_and_builds_where_triton_is_missing():
+    """model.py imports kernel.py (and with it triton) only for impl='triton': where triton is missing an
+    SDPA model builds, and impl='triton' is refused by the config in one line."""
+    code = ("import sys\n"
+            "sys.modules['triton'] = None  # `import triton` raises ImportError, as without triton\n"
+            "from model import GPT, GPTConfig\n"
+            "GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=32))\n"
+            "try:\n"
+            "    GPTConfig(impl='triton')\n"
+            "except ValueError as e:\n"
+            "    print(e)\n"
+            "print('kernel' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == ("impl='triton' is not allowed: the triton package is not installed (Linux only); "
+                        "use impl='sdpa'\nFalse\n")
+
+
+def test_the_config_takes_the_head_sizes_from_the_kernels_table(monkeypatch):
+    """The head-size rule is kernel.HEAD_DIMS, said once: the config's refusal follows the table."""
+    kernel = pytest.importorskip("kernel")
+    monkeypatch.setattr(kernel, "HEAD_DIMS", (16, 32, 48))
+    assert GPTConfig(n_head=2, n_embd=96, impl="triton").n_embd == 96  # head size 48, now in the table
+    with pytest.raises(ValueError) as e:
+        GPTConfig(n_head=2, n_embd=128, impl="triton")
+    assert str(e.value) == ("impl='triton' is not allowed: the fused kernel takes head sizes 16, 32 and 48, "
+                            "not n_embd / n_head = 64; use impl='sdpa'")
+
+
 @pytest.mark.parametrize("kw", [dict(dropout=0.0), dict(dropout=0.99), dict(n_layer=1, n_head=1, n_embd=1),
                                 dict(op="laplacian", laplacian_heads=4),
-                                dict(op="mix", gamma_min=-1, gamma_init=-1)])
+                                dict(op="mix", gamma_min=-1, gamma_init=-1),
+                                dict(op="mix_ab", gamma_init=0, delta_init=2)])
 def test_config_boundaries_are_accepted(kw):
     """The last allowed values: dropout just under 1, sizes of 1, all heads Laplacian, γ at gamma_min."""
     tiny(**{"op": "attention", **kw})
