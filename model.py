@@ -198,9 +198,9 @@ class GPT(nn.Module):
             g["lr"] = learning_rate * g.get("lr_scale", 1.0)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt):
-        """Model FLOPs utilisation against the dense bf16 peak FLOP/s of the GPU in use; None on CPUs."""
-        peak = peak_flops(self.lm_head.weight.device)
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
+        """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak, the GPU's
+        dense bf16 peak FLOP/s (None where it is not known, as on CPUs: then None)."""
         if peak is None:
             return None
         cfg = self.config
@@ -311,18 +311,6 @@ def unfit(e):
     message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
     return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
             "another version or was edited")
-
-
-# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
-              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
-              "V100": 125e12, "T4": 65e12}
-
-
-def peak_flops(device):
-    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
 
 
 # -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from support import hellaswag, settings
 from support.kernel_check import check_kernel
 from support.configurator import ConfigError, configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import compiled_and_wrapped, end_process, exit_status, start_process
+from support.hardware import compiled_and_wrapped, end_process, exit_status, peak_flops, start_process
 from support.rundir import (interrupted, restore, save_checkpoint, start_run_dir, stop_if_not_finite,
                             unlock_run_dir)
 
@@ -320,7 +320,7 @@ def train(cfg, given=frozenset()):
             dt = (time.time() - t0) / (iter_num - iter0)  # seconds per iteration since the last line
             log_train(run, cfg.out_dir, iter=iter_num, tokens=tokens, loss=loss_sum.item(), lr=lr,  # (syncs)
                       grad_norm=grad_norm.item(), ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
-                      mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt))
+                      mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak_flops(run.dev)))
             t0, iter0 = time.time(), iter_num
 
     finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # the heads' final γ and δ; the log's end

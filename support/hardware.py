@@ -153,6 +153,18 @@ def end_process():
         torch.distributed.destroy_process_group()
 
 
+# dense bf16 peak FLOP/s of common GPUs, for estimate_mfu
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L40": 181e12,
+              "L4": 121e12, "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12,
+              "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device):
+    """A GPU's entry in PEAK_FLOPS, matched in order against its name (an L40S is no L4); None on CPUs."""
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else ""
+    return next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
+
+
 def keep_freed_memory():
     """Training on a CPU: let glibc keep the memory a step frees for the next, not page-fault it in again each
     step (docs/benchmarks.md; process-wide, from now on). False where the C library is not glibc."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers import ROOT
+from support.hardware import peak_flops
 
 
 # In a fresh process, 128 MiB in 8 MiB blocks (the size of a step's activations) are written and freed, after
@@ -98,3 +99,16 @@ def test_keep_freed_memory_stops_the_page_faults_between_training_steps():
             return
     pytest.fail(f"after keep_freed_memory() the steps page-faulted more than a quarter as often as by "
                 f"default, in each of 3 fresh processes: {tries}")
+
+
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H200", 989e12), ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A10G", 70e12), ("NVIDIA A10", 125e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA GeForce RTX 4090", 165e12), ("Tesla T4", 65e12), ("NVIDIA B200", None),
+])
+def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
+    """The first matching name wins, longer names first (an A10G is no A10, an A100 neither, an L40 no L4)."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops(torch.device("cuda")) == peak_flops("cuda:1") == flops  # a device or its name
+    assert peak_flops(torch.device("cpu")) is None
