@@ -589,12 +589,6 @@ def head_matrices(model, idx):
     return torch.stack(matrices)  # (n_layer, nh, T, T)
 
 
-def head_title(layer, head, a, b, has_gamma):
-    """γ = a/b and δ = b where the op learns a γ (mix); any other op's own a and b."""
-    scalars = f"γ={a / b:+.2f} δ={b:+.2f}" if has_gamma else f"a={a:+.2f} b={b:+.2f}"
-    return f"layer {layer + 1} head {head + 1}\n{scalars}"
-
-
 def draw_operators(run_dir, text, out_dir):
     """Print what every head of run_dir's model does to a token itself on text, and draw every head's
     operator into out_dir/operators.png; return its path."""
@@ -625,8 +619,11 @@ def draw_operators(run_dir, text, out_dir):
     rows = [[str(layer + 1)] + cells[layer * nh:(layer + 1) * nh] for layer in range(L)]  # a row per layer
     print_table(["layer"] + [f"head {head + 1}" for head in range(nh)], rows)
     has_gamma = hasattr(model.head_operators()[0], "gamma")
-    titles = [head_title(layer, head, a[layer, head], b[layer, head], has_gamma)
-              for layer, head in np.ndindex(L, nh)]  # row by row, as the panels
+    titles = []
+    for layer, head in np.ndindex(L, nh):  # row by row, as the panels
+        x, y = a[layer, head], b[layer, head]  # where the op learns a γ (mix): γ = a/b and δ = b
+        scalars = f"γ={x / y:+.2f} δ={y:+.2f}" if has_gamma else f"a={x:+.2f} b={y:+.2f}"
+        titles.append(f"layer {layer + 1} head {head + 1}\n{scalars}")
     tokens = [repr(decode([i]))[1:-1].replace(" ", "·") for i in ids]  # a space shows as ·, a newline as \n
     title = f"{os.path.basename(os.path.normpath(run_dir))} (op={model.config.op})\nevery head's a·I + b·P"
     from support import figures  # and with it matplotlib
