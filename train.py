@@ -83,9 +83,8 @@ DEFAULTS = {k: v for k, v in globals().items()
 
 
 def parse_config(argv):
-    """(cfg, given): every setting, train.py's and the ops' controls (read now: an op may be registered after
-    train.py is imported), after config files and --key=value, each value checked where it enters
-    (support/settings.py's rules; the model's, by GPTConfig, in train); given: the keys that were set."""
+    """(cfg, given): train.py's settings and every op's controls (an op may be registered after this import),
+    after config files and --key=value, checked by support/settings.py's rules; given: the keys set."""
     help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
     return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
 
