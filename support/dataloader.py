@@ -19,8 +19,7 @@ import torch
 
 from support.configurator import ConfigError, open_regular, read_regular
 
-MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
-HEADER_BYTES = HEADER_INTS * 4
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 256 * 4  # the header: 256 int32
 
 
 class DataError(ValueError):
@@ -32,8 +31,7 @@ class DataError(ValueError):
 
 class ShardFile:
     """A shard written by appending token arrays (`with ShardFile(path) as shard: shard.write(tokens)`), so a
-    large one never sits in memory. The tokens go to path.tmp behind a blank header; a clean exit writes the
-    count and renames it to path, a failure removes it: never an incomplete file under the real name."""
+    large one never sits in memory. It is path.tmp until a clean exit renames it (a failure removes it)."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
@@ -115,8 +113,7 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
         type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
-        chars = meta.get("chars")
-        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
+        ok = isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"]
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "

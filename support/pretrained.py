@@ -20,7 +20,7 @@ from support.configurator import ConfigError, read_regular, refuse_unless_regula
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
          "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
-IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")  # old masks; the tied head
+IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # the causal masks older versions saved
 SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
 
 
@@ -46,7 +46,6 @@ def gpt2_weights(name_or_path):
              "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
     with contextlib.ExitStack() as stack:
         found = {}  # GPT-2's name (without "transformer.") -> (the open file, the name in it, its path)
-        head = None  # lm_head.weight, where saved: (the open file, the name in it, its path)
         for path in files:
             try:
                 f = stack.enter_context(safe_open(path, framework="pt"))
@@ -55,10 +54,9 @@ def gpt2_weights(name_or_path):
                                   f"or incomplete; {SAVE_AGAIN}") from None
             for key in f.keys():
                 name = key.removeprefix("transformer.")
-                if name == "lm_head.weight":
-                    head = (f, key, path)
                 if not IGNORED.fullmatch(name):
                     found[name] = (f, key, path)
+        head = found.pop("lm_head.weight", None)  # GPT-2 ties it to wte: a saved copy is only compared
         layers = {n.split(".")[1] for n in found if re.match(r"h\.\d+\.", n)}
         if len(layers) != L:  # before the expected names are listed: config.json may claim a million layers
             raise ConfigError(f"{name_or_path}: config.json says n_layer={L} but the weights hold "
