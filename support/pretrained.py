@@ -25,9 +25,8 @@ SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
 
 
 def gpt2_weights(name_or_path):
-    """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a state dict in
-    this project's names and GPT-2's layouts (GPT.from_pretrained transposes its Conv1D weights), every
-    tensor checked."""
+    """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a checked state dict
+    in this project's names and GPT-2's layouts (GPT.from_pretrained transposes its Conv1D weights)."""
     if os.path.isdir(name_or_path):
         config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
         files = weight_files(name_or_path)
