@@ -19,8 +19,7 @@ The hub corpora are pinned to one revision each, so they are the same wherever t
 - openwebtext: the 80 parquet files of Skylion007/openwebtext. A document goes to val when a hash of its text
   (BLAKE2b, as a number in [0, 1)) is below --val_fraction: the same split on any machine.
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
-- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked) saved as text in
-  out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
+- hellaswag: Rowan/hellaswag's val split (10,042 examples, checked) as text in out_dir/hellaswag/val.jsonl.
 """
 import errno
 import hashlib

@@ -20,6 +20,7 @@ import torch
 from support.configurator import ConfigError, open_regular, read_regular
 
 MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 256 * 4  # the header: 256 int32
+JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 escaped characters) is < 1 MB
 
 
 class DataError(ValueError):
@@ -92,9 +93,6 @@ def read_shard(path, vocab_size=None):
         raise DataError(f"{path}: token id {int(tokens.max())} is >= the model's vocab_size {vocab_size}; "
                         "the data was prepared with a different tokenizer")
     return tokens
-
-
-JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 escaped characters) is < 1 MB
 
 
 def read_json(path):
@@ -293,10 +291,9 @@ class ShardLoader:
             wrapped, shard = divmod(self.shard + 1, len(self.shards))  # wrapped: 1 after the last shard
             self.load_state_dict({"epoch": self.epoch + wrapped, "shard": shard, "pos": 0})
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
-        x, y = windows(self.tokens, mine, self.T)
         self.pos += self.step
-        # x, y are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
-        x, y = x.contiguous(), y.contiguous()
+        # windows are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
+        x, y = (t.contiguous() for t in windows(self.tokens, mine, self.T))
         if device.startswith("cuda"):
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)

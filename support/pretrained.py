@@ -88,12 +88,11 @@ def download(name):
     """The paths of the hub's config.json and model.safetensors in its cache (links there, resolved)."""
     import huggingface_hub  # lazy: only for the hub names
     try:
-        paths = [huggingface_hub.hf_hub_download(repo_id=name, filename=f)
-                 for f in ("config.json", "model.safetensors")]
+        return [os.path.realpath(huggingface_hub.hf_hub_download(repo_id=name, filename=f))
+                for f in ("config.json", "model.safetensors")]
     except Exception as e:  # offline, no such file, a broken connection: the hub's own error classes
         raise ConfigError(f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}); offline, "
                           "pass a local directory saved with save_pretrained instead") from None
-    return [os.path.realpath(p) for p in paths]
 
 
 def read_config(path, source):
