@@ -19,8 +19,7 @@ The hub corpora are pinned to one revision each, so they are the same wherever t
 - openwebtext: the 80 parquet files of Skylion007/openwebtext. A document goes to val when a hash of its text
   (BLAKE2b, as a number in [0, 1)) is below --val_fraction: the same split on any machine.
 - fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
-- hellaswag: Rowan/hellaswag's val split (10,042 examples, each checked) saved as text in
-  out_dir/hellaswag/val.jsonl: train.py tokenises it with the model's tokenizer.
+- hellaswag: Rowan/hellaswag's val split (10,042 examples, checked) as text in out_dir/hellaswag/val.jsonl.
 """
 import errno
 import hashlib
@@ -45,6 +44,7 @@ from support.hellaswag import HELLASWAG_EXAMPLE, is_hellaswag_example
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts its end-of-text token before each instead)
+NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within 255 bytes, even at 4 bytes a character
 
 OWT_REPO, OWT_REVISION = "Skylion007/openwebtext", "79d93d786212f7344586290adb811d4ae6a1762c"
 OWT_FILES = [f"plain_text/train-{i:05d}-of-00080.parquet" for i in range(80)]
@@ -67,7 +67,6 @@ class ShardWriter:
         self.shard, self.files, self.tokens = None, [], 0
 
     def add(self, tokens):
-        tokens = np.asarray(tokens)
         while len(tokens):
             if self.shard is None:
                 self.shard = ShardFile(f"{self.prefix}{self.index:06d}.bin")
@@ -121,14 +120,13 @@ def shakespeare_documents():
 
 def text_documents(path):
     """The documents of --input: the file, or each .txt (or .TXT) file in the folder, each a regular file."""
+    if not os.path.lexists(path):
+        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
+    files = [path]
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    elif os.path.lexists(path):
-        files = [path]
-    else:
-        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
     docs = []
     for file in files:
         try:
@@ -158,9 +156,6 @@ def split_documents(docs, val_fraction):
 
 # -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
-
-NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within 255 bytes, even at 4 bytes a character
-
 
 def check_dataset_name(key, name):
     """The one check of a dataset's name (--name, train.py --dataset), the folder out_dir/NAME and its shards'
@@ -324,8 +319,7 @@ def hub_sizes(repo, revision, files):
 
 
 def hub_download(repo, revision, file, size, staging):
-    """Fetch one file into staging/download (the hub resumes a partial download after an interruption); its
-    path, once its size is the one the hub lists: a short or oversized file is deleted, never used."""
+    """Fetch one file into staging/download (resumed if interrupted); its path, once its size is right."""
     import huggingface_hub
     download_dir = os.path.join(staging, "download")
     try:
@@ -363,8 +357,7 @@ def _encode_for_worker(text):
 
 
 def parquet_columns(path, file, columns):
-    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time (memory
-    stays flat). A file pyarrow cannot read, or without those columns, is deleted: the next run fetches it."""
+    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:

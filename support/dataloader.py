@@ -19,8 +19,8 @@ import torch
 
 from support.configurator import ConfigError, open_regular, read_regular
 
-MAGIC, VERSION, HEADER_INTS = 20240520, 1, 256
-HEADER_BYTES = HEADER_INTS * 4
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 256 * 4  # the header: 256 int32
+JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 escaped characters) is < 1 MB
 
 
 class DataError(ValueError):
@@ -32,8 +32,7 @@ class DataError(ValueError):
 
 class ShardFile:
     """A shard written by appending token arrays (`with ShardFile(path) as shard: shard.write(tokens)`), so a
-    large one never sits in memory. The tokens go to path.tmp behind a blank header; a clean exit writes the
-    count and renames it to path, a failure removes it: never an incomplete file under the real name."""
+    large one never sits in memory. It is path.tmp until a clean exit renames it (a failure removes it)."""
 
     def __init__(self, path):
         self.path, self.tmp, self.count = path, path + ".tmp", 0
@@ -96,9 +95,6 @@ def read_shard(path, vocab_size=None):
     return tokens
 
 
-JSON_BYTES = 16 * 2**20  # meta.json of the largest char vocabulary (65,536 escaped characters) is < 1 MB
-
-
 def read_json(path):
     """The value in a dataset's JSON file (meta.json, progress.json), a regular file of at most JSON_BYTES."""
     try:
@@ -115,8 +111,7 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
     ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
         type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
     if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
-        chars = meta.get("chars")
-        ok = isinstance(chars, str) and len(chars) == meta["vocab_size"]
+        ok = isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"]
     ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
     if not ok:
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
@@ -296,10 +291,9 @@ class ShardLoader:
             wrapped, shard = divmod(self.shard + 1, len(self.shards))  # wrapped: 1 after the last shard
             self.load_state_dict({"epoch": self.epoch + wrapped, "shard": shard, "pos": 0})
         mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
-        x, y = windows(self.tokens, mine, self.T)
         self.pos += self.step
-        # x, y are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
-        x, y = x.contiguous(), y.contiguous()
+        # windows are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
+        x, y = (t.contiguous() for t in windows(self.tokens, mine, self.T))
         if device.startswith("cuda"):
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)

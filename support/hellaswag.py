@@ -18,9 +18,7 @@ import torch.nn.functional as F
 from support.configurator import ConfigError, read_regular
 from support.dataloader import DataError, get_tokenizer
 
-
-# prepare_data.py writes 10,042 lines: 1.2 MB of the tests' fake-hub text, several MB of the real text
-HELLASWAG_BYTES = 64 * 2**20
+HELLASWAG_BYTES = 64 * 2**20  # val.jsonl: 10,042 lines, 1.2 MB of the fake hub's text, several MB of real
 HELLASWAG_EXAMPLE = "a context (ctx, a text), 4 non-empty endings (texts) and a label 0..3 (an integer)"
 
 
@@ -34,8 +32,7 @@ def is_hellaswag_example(example):
 
 
 def load_examples(out_dir="data"):
-    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}.
-    A file that is not regular, larger than HELLASWAG_BYTES or with a line not such an example is refused."""
+    """The val examples prepare_data.py wrote: a list of {"ctx": str, "endings": [4 str], "label": 0..3}."""
     path = os.path.join(out_dir, "hellaswag", "val.jsonl")
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     if not os.path.lexists(path):

@@ -20,14 +20,13 @@ from support.configurator import ConfigError, read_regular, refuse_unless_regula
 PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
          "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
-IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight")  # old masks; the tied head
+IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # the causal masks older versions saved
 SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
 
 
 def gpt2_weights(name_or_path):
-    """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a state dict in
-    this project's names and GPT-2's layouts (GPT.from_pretrained transposes its Conv1D weights), every
-    tensor checked."""
+    """(sizes, weights): GPTConfig's block_size, vocab_size, n_layer, n_head, n_embd, and a checked state dict
+    in this project's names and GPT-2's layouts (GPT.from_pretrained transposes its Conv1D weights)."""
     if os.path.isdir(name_or_path):
         config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
         files = weight_files(name_or_path)
@@ -46,7 +45,6 @@ def gpt2_weights(name_or_path):
              "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
     with contextlib.ExitStack() as stack:
         found = {}  # GPT-2's name (without "transformer.") -> (the open file, the name in it, its path)
-        head = None  # lm_head.weight, where saved: (the open file, the name in it, its path)
         for path in files:
             try:
                 f = stack.enter_context(safe_open(path, framework="pt"))
@@ -55,10 +53,9 @@ def gpt2_weights(name_or_path):
                                   f"or incomplete; {SAVE_AGAIN}") from None
             for key in f.keys():
                 name = key.removeprefix("transformer.")
-                if name == "lm_head.weight":
-                    head = (f, key, path)
                 if not IGNORED.fullmatch(name):
                     found[name] = (f, key, path)
+        head = found.pop("lm_head.weight", None)  # GPT-2 ties it to wte: a saved copy is only compared
         layers = {n.split(".")[1] for n in found if re.match(r"h\.\d+\.", n)}
         if len(layers) != L:  # before the expected names are listed: config.json may claim a million layers
             raise ConfigError(f"{name_or_path}: config.json says n_layer={L} but the weights hold "
@@ -91,12 +88,11 @@ def download(name):
     """The paths of the hub's config.json and model.safetensors in its cache (links there, resolved)."""
     import huggingface_hub  # lazy: only for the hub names
     try:
-        paths = [huggingface_hub.hf_hub_download(repo_id=name, filename=f)
-                 for f in ("config.json", "model.safetensors")]
+        return [os.path.realpath(huggingface_hub.hf_hub_download(repo_id=name, filename=f))
+                for f in ("config.json", "model.safetensors")]
     except Exception as e:  # offline, no such file, a broken connection: the hub's own error classes
         raise ConfigError(f"could not load {name!r} from the Hugging Face hub ({type(e).__name__}); offline, "
                           "pass a local directory saved with save_pretrained instead") from None
-    return [os.path.realpath(p) for p in paths]
 
 
 def read_config(path, source):
