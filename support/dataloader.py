@@ -66,7 +66,10 @@ class ShardFile:
         return self
 
     def __exit__(self, error, *_):
-        self.close() if error is None else self.discard()
+        if error is None:
+            self.close()
+        else:
+            self.discard()
 
 
 def read_shard(path, vocab_size=None):
