@@ -114,6 +114,10 @@ class Laplacian(HeadOperator):
 
 class FromGammaDelta(HeadOperator):
     """The ops whose heads start at δ(γI + P) from their gamma_init and delta_init: mix, mix_alpha, mix_ab."""
+    controls = dict(
+        gamma_init=0.0,  # start as mix does with this γ
+        delta_init=1.0,  # start as mix does with this δ
+    )
 
     @classmethod
     def check(cls, n_head, controls):
@@ -161,10 +165,6 @@ class Mix(FromGammaDelta):
 @register_op("mix_alpha")
 class MixAlpha(FromGammaDelta):
     """α0·I + α1·P, both learned, started where δ(γI + P) starts: α0 = δγ, α1 = δ."""
-    controls = dict(
-        gamma_init=0.0,  # start as mix does with this γ
-        delta_init=1.0,  # start as mix does with this δ
-    )
 
     def __init__(self, n_head, gamma_init, delta_init):
         super().__init__(n_head)
@@ -178,10 +178,6 @@ class MixAlpha(FromGammaDelta):
 @register_op("mix_ab")
 class MixAB(FromGammaDelta):
     """α·P + β(I - P) = β·I + (α - β)·P, learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
-    controls = dict(
-        gamma_init=0.0,  # start as mix does with this γ
-        delta_init=1.0,  # start as mix does with this δ
-    )
 
     def __init__(self, n_head, gamma_init, delta_init):
         super().__init__(n_head)

@@ -196,21 +196,26 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
 
 
 def comments(source):
-    """{name: the comment beside its default} in the source of a module or class: the lines that start with
-    a name and = or : (`name = value  # ...`, `name=value,  # ...` in a dict, `name: type = value  # ...`)."""
-    try:
-        lines = inspect.getsourcelines(source)[0]
-    except (OSError, TypeError):  # defined where no source file is (an operator made in a notebook, say)
-        return {}
-    found, line = {}, []
-    for tok in tokenize.generate_tokens(iter(lines).__next__):
-        if tok.type in (tokenize.NEWLINE, tokenize.NL):
-            line = []
-        elif tok.type == tokenize.COMMENT:
-            if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
-                found.setdefault(line[0].string, tok.string.lstrip("#").strip())  # the first one: the default
-        elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
-            line.append(tok)
+    """{name: the comment beside its default} in the source of a module or class, and of the classes a class
+    inherits from its own module (its own comment first): the lines that start with a name and = or :
+    (`name = value  # ...`, `name=value,  # ...` in a dict, `name: type = value  # ...`)."""
+    found, parts = {}, [source]
+    if inspect.isclass(source):  # an operator's controls may be declared by the class it inherits from
+        parts = [c for c in source.__mro__ if c.__module__ == source.__module__]
+    for part in parts:
+        try:
+            lines = inspect.getsourcelines(part)[0]
+        except (OSError, TypeError):  # defined where no source file is (an operator made in a notebook, say)
+            continue
+        line = []
+        for tok in tokenize.generate_tokens(iter(lines).__next__):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL):
+                line = []
+            elif tok.type == tokenize.COMMENT:
+                if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
+                    found.setdefault(line[0].string, tok.string.lstrip("#").strip())  # the first: the default
+            elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
+                line.append(tok)
     return found
 
 
