@@ -115,8 +115,8 @@ class Laplacian(HeadOperator):
 class FromGammaDelta(HeadOperator):
     """The ops whose heads start at δ(γI + P) from their gamma_init and delta_init: mix, mix_alpha, mix_ab."""
     controls = dict(
-        gamma_init=0.0,  # start as mix does with this γ
-        delta_init=1.0,  # start as mix does with this δ
+        gamma_init=0.0,  # every head's γ at the start (0 with δ = 1: attention)
+        delta_init=1.0,  # every head's δ at the start
     )
 
     @classmethod
@@ -129,9 +129,7 @@ class FromGammaDelta(HeadOperator):
 @register_op("mix")
 class Mix(FromGammaDelta):
     """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen there."""
-    controls = dict(
-        gamma_init=0.0,  # every head's γ at the start (0 with δ = 1: attention)
-        delta_init=1.0,  # every head's δ at the start
+    controls = FromGammaDelta.controls | dict(
         learn_gamma=True,  # False: γ stays at gamma_init
         learn_delta=True,  # False: δ stays at delta_init
         gamma_min=None,  # after every step γ is projected to ≥ gamma_min (the paper's γ ≥ 0 control)

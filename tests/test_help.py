@@ -65,9 +65,9 @@ def test_op_controls_are_described_by_their_operator(monkeypatch, capsys):
     listed = settings_listed(ask_for_help(monkeypatch, capsys, "train", SCRIPTS["train"][1]))
     assert listed["learn_gamma"] == "(op=mix) False: γ stays at gamma_init"
     assert listed["laplacian_heads"].startswith("(op=laplacian) ")
-    # a control that several ops share: each op's own comment, ops saying the same thing together
-    assert listed["gamma_init"].startswith("(op=mix) ")
-    assert "; (op=mix_alpha) (op=mix_ab) " in listed["gamma_init"]
+    # a control that several ops inherit from one class: its comment there, once, for all of them
+    said = "(op=mix) (op=mix_alpha) (op=mix_ab) every head's γ at the start (0 with δ = 1: attention)"
+    assert listed["gamma_init"] == said
 
 
 def test_a_setting_is_described_by_the_comment_beside_its_default(monkeypatch, capsys):
