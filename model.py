@@ -201,12 +201,10 @@ class GPT(nn.Module):
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
         """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak, the GPU's
         dense bf16 peak FLOP/s (None where it is not known, as on CPUs: then None)."""
-        if peak is None:
-            return None
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
         flops_per_token = 6 * self.get_num_params() + 12 * L * H * Q * T  # PaLM appendix B
-        return flops_per_token * T * fwdbwd_per_iter / dt / peak
+        return flops_per_token * T * fwdbwd_per_iter / dt / peak if peak else None
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
@@ -276,8 +274,6 @@ def check_config(config):
     for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
         if getattr(config, key) not in choices:
             bad(key, f"choose one of {', '.join(choices)}")
-    if config.impl == "triton" and importlib.util.find_spec("triton") is None:
-        bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         if type(getattr(config, key)) is not int or getattr(config, key) < 1:
             bad(key, "it must be a positive integer")
@@ -285,10 +281,12 @@ def check_config(config):
         bad("n_embd", f"it must be divisible by n_head={config.n_head}")
     if not 0.0 <= config.dropout < 1.0:
         bad("dropout", "it must be in [0, 1)")
-    if config.impl == "triton" and config.dropout:
-        bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-    if config.impl == "triton":
-        from kernel import HEAD_DIMS  # the kernel's own table (triton is there: checked above)
+    if config.impl == "triton":  # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+        if importlib.util.find_spec("triton") is None:
+            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+        if config.dropout:
+            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+        from kernel import HEAD_DIMS  # the kernel's own table
         if config.n_embd // config.n_head not in HEAD_DIMS:
             bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
                         f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config.n_embd // config.n_head}; "

@@ -24,7 +24,7 @@ from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, settings
 from support.kernel_check import check_kernel
-from support.configurator import ConfigError, configure
+from support.configurator import configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import compiled_and_wrapped, end_process, exit_status, peak_flops, start_process
 from support.rundir import (interrupted, restore, save_checkpoint, start_run_dir, stop_if_not_finite,
@@ -118,9 +118,7 @@ def build_model(cfg, model_args, meta, ckpt):
         settings.check_same_data(ckpt, meta, cfg.dataset)
         return model
     if cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
-        if meta["tokenizer"] != "gpt2":
-            raise ConfigError(f"init_from={cfg.init_from!r} needs GPT-2 tokens but dataset {cfg.dataset!r} "
-                              f"uses the {meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+        settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
         model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
                                     dropout=model_args["dropout"], impl=model_args["impl"])
         if model_args["block_size"] < model.config.block_size:
@@ -128,16 +126,6 @@ def build_model(cfg, model_args, meta, ckpt):
         return model
     vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's padded to a multiple of 64
     return GPT(GPTConfig(**model_args, vocab_size=vocab))
-
-
-def prepare(dataset, run):
-    """The dataset's directory and meta: prepared once by the master while the others wait."""
-    if run.master:
-        ensure_prepared(dataset)
-    if run.ddp:
-        torch.distributed.barrier()
-    data_dir = ensure_prepared(dataset)
-    return data_dir, load_meta(data_dir)
 
 
 class Evaluation:
@@ -156,9 +144,8 @@ class Evaluation:
         except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
             self.val_bytes = None
             run.say(f"note: no bits per byte in this run: {e}")
-        self.hellaswag = None  # HellaSwag's examples as token rows
-        if cfg.hellaswag_interval:
-            self.hellaswag = hellaswag.render_all(meta, cfg.dataset, cfg.block_size)
+        self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples as token rows
+                          if cfg.hellaswag_interval else None)
         counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
         if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
             run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
@@ -211,11 +198,10 @@ def log_train(run, out_dir, **record):
     """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...); a loss
     that is not finite stops the run here."""
     stop_if_not_finite("the training loss", record["loss"], record["iter"], out_dir)
-    r = record
-    line = (f"iter {r['iter']}: loss {r['loss']:.4f}, grad norm {r['grad_norm']:.3f}, lr {r['lr']:.2e}, "
-            f"{r['ms_per_iter']:.1f} ms/iter, {r['tokens_per_s']:,.0f} tok/s")
-    if r["mfu"]:
-        line += f", mfu {r['mfu'] * 100:.1f}%"
+    line = ("iter {iter}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}, "
+            "{ms_per_iter:.1f} ms/iter, {tokens_per_s:,.0f} tok/s").format(**record)
+    if record["mfu"]:
+        line += f", mfu {record['mfu'] * 100:.1f}%"
     run.say(line)
     run.log({"event": "train", **record})
 
@@ -255,7 +241,8 @@ def train(cfg, given=frozenset()):
         GPTConfig(**model_args)
     settings.check_schedule(cfg)  # settings that only make sense together (a resumed run's too)
     run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
-    data_dir, meta = prepare(cfg.dataset, run)
+    data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the other processes waiting
+    meta = load_meta(data_dir)
     model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
     settings.refuse_another_model(given, model_args, asdict(model.config), ckpt is not None)  # fixed by it
     cfg = SimpleNamespace(**{**vars(cfg), **settings.as_settings(asdict(model.config))})  # what runs
@@ -269,8 +256,7 @@ def train(cfg, given=frozenset()):
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
     iter_num, tokens, best_val_loss = restore(ckpt, optimizer, train_loader)  # the loop's counters
-    if run.writes:  # this process owns out_dir from here on: its lock, log.jsonl and config.json
-        start_run_dir(run, cfg, iter_num if ckpt is not None else None)
+    start_run_dir(run, cfg, iter_num if ckpt is not None else None)  # the writer's out_dir: lock, log, config
     start_iter = iter_num  # a resumed run was evaluated here before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter)

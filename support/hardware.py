@@ -95,6 +95,15 @@ class Run:
         if self.run_log is not None:
             self.run_log.write(record)
 
+    def master_first(self, fn, *args):
+        """fn(*args) on the master first, while the other processes wait; then on every process (preparing
+        data once, say, which the others then find done): its result."""
+        if self.master:
+            fn(*args)
+        if self.ddp:
+            torch.distributed.barrier()
+        return fn(*args)
+
 
 def join_group(run):
     """init_process_group with env:// rendezvous, as nanoGPT starts it: rank 0's address and port come from

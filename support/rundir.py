@@ -321,9 +321,11 @@ class RunLog:
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, cfg, resume_iter):
-    """Claim cfg.out_dir (claim_run_dir), then start run's log there, then write config.json (cfg): a
-    config.json without a log is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when
-    resuming, else None."""
+    """The process that writes (run.writes) claims cfg.out_dir (claim_run_dir), then starts run's log there,
+    then writes config.json (cfg): a config.json without a log is not a run's (see check_run_dir).
+    resume_iter: the checkpoint's iteration when resuming, else None."""
+    if not run.writes:
+        return
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)

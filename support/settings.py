@@ -68,6 +68,13 @@ def resume_from_checkpoint(cfg, given, defaults):
     return ckpt, kept, changed
 
 
+def check_gpt2_tokens(init_from, dataset, meta):
+    """GPT-2's weights read GPT-2's tokens."""
+    if meta["tokenizer"] != "gpt2":
+        raise ConfigError(f"init_from={init_from!r} needs GPT-2 tokens but dataset {dataset!r} uses the "
+                          f"{meta['tokenizer']!r} tokenizer; prepare it with --tokenizer=gpt2")
+
+
 def check_same_data(ckpt, meta, dataset):
     """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
     keys = ("tokenizer", "vocab_size", "chars")

@@ -565,10 +565,10 @@ def test_every_exit_leaves_the_ddp_group(workdir, group_of_one, monkeypatch, sto
     otherwise (gloo does not, so the test watches the call)."""
     destroy, left = torch.distributed.destroy_process_group, []
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: left.append(destroy()))
-    def ctrl_c(dataset, run):
+    def ctrl_c(dataset):
         raise KeyboardInterrupt
     if stop == "Ctrl-C":
-        monkeypatch.setattr(train, "prepare", ctrl_c)
+        monkeypatch.setattr(train, "ensure_prepared", ctrl_c)
     argv = QUICK + ["--dataset=nothing_here" if stop == "error" else "--out_dir=out/ddp"]
     try:
         train.main(argv)
@@ -661,7 +661,7 @@ def test_a_kernel_one_percent_off_stops_the_run_before_anything_is_written(workd
     right = kernel.mix_attention
     monkeypatch.setattr(kernel, "mix_attention", lambda *args, **kw: 1.01 * right(*args, **kw))
     steps = []
-    monkeypatch.setattr(train, "log_train", lambda *args: steps.append(args))
+    monkeypatch.setattr(train, "log_train", lambda *args, **record: steps.append(record))
     with pytest.raises(SystemExit) as e:
         train.main(TINY + ["--impl=triton", "--max_iters=2", "--out_dir=out/k"])
     line = str(e.value.code)
