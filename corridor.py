@@ -144,11 +144,10 @@ def summarize(run):
     gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
     inside = (gamma > -1.0) & (gamma < 0.0)  # open: −1 (Laplacian) and 0 (attention) are its endpoints
     best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)
-    tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
     s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
-         "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None,
-         "iter": max(r.get("iter", 0) for r in run["records"]),
+         "learns_gamma": learns_gamma(run), "iter": max(r.get("iter", 0) for r in run["records"]),
+         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
