@@ -533,9 +533,8 @@ def load_csv(path):
     try:
         rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
-        line = reader.line_num + 1  # a DictReader counts the lines of the rows it returned
-        what = f"not a row that corridor.py --csv writes ({e})"
-        raise ValueError(f"{path}:{line}: {what}; {CSV_AGAIN}") from None
+        raise ValueError(f"{path}:{reader.line_num + 1}: not a row that corridor.py --csv writes ({e}); "
+                         f"{CSV_AGAIN}") from None  # a DictReader counts the lines of the rows it returned
     missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)}); "
@@ -558,8 +557,8 @@ def load_csv(path):
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
         except (ValueError, TypeError, AttributeError) as e:
-            what = f"not a row that corridor.py --csv writes ({e})"
-            raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
+            raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e}); "
+                             f"{CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
                      "records": records, "evals": [last], "warnings": []})
