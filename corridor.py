@@ -205,7 +205,6 @@ def setting_name(name):
 
 
 def experiment(config):
-    """The config keys that define the experiment: runs equal in these are repeats, differing only in seed."""
     return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
 
 
@@ -354,7 +353,6 @@ def curve_data(groups):
 
 
 def plot(runs, out_dir):
-    """Write the figures into out_dir and return their paths."""
     from support import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
     os.makedirs(out_dir, exist_ok=True)
     groups, drawn = compare(runs)["groups"], {}  # file name -> figure
