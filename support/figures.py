@@ -72,7 +72,7 @@ def corridor_curve(curve):
                                       gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
     else:
         fig, ax = plt.subplots(figsize=(12, 7))
-    for a in (ax, low) if low else (ax,):
+    for a in fig.axes:
         a.axvspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)" if a is ax else None)
         a.grid(alpha=0.3)
     ax.axhline(0, color="black", linewidth=1)
