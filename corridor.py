@@ -144,11 +144,10 @@ def summarize(run):
     gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
     inside = (gamma > -1.0) & (gamma < 0.0)  # open: −1 (Laplacian) and 0 (attention) are its endpoints
     best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)
-    tokens = [r["tokens"] for r in run["records"] if "tokens" in r]
     op = run["config"].get("op")
     s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
-         "learns_gamma": learns_gamma(run), "tokens": max(tokens) if tokens else None,
-         "iter": max(r.get("iter", 0) for r in run["records"]),
+         "learns_gamma": learns_gamma(run), "iter": max(r.get("iter", 0) for r in run["records"]),
+         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
@@ -206,7 +205,6 @@ def setting_name(name):
 
 
 def experiment(config):
-    """The config keys that define the experiment: runs equal in these are repeats, differing only in seed."""
     return {k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")}
 
 
@@ -355,7 +353,6 @@ def curve_data(groups):
 
 
 def plot(runs, out_dir):
-    """Write the figures into out_dir and return their paths."""
     from support import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
     os.makedirs(out_dir, exist_ok=True)
     groups, drawn = compare(runs)["groups"], {}  # file name -> figure
@@ -534,9 +531,8 @@ def load_csv(path):
     try:
         rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
-        line = reader.line_num + 1  # a DictReader counts the lines of the rows it returned
-        what = f"not a row that corridor.py --csv writes ({e})"
-        raise ValueError(f"{path}:{line}: {what}; {CSV_AGAIN}") from None
+        raise ValueError(f"{path}:{reader.line_num + 1}: not a row that corridor.py --csv writes ({e}); "
+                         f"{CSV_AGAIN}") from None  # a DictReader counts the lines of the rows it returned
     missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise ValueError(f"{path}: not a table that corridor.py --csv writes (no {', '.join(missing)}); "
@@ -559,8 +555,8 @@ def load_csv(path):
             if r["val_bpb"]:
                 last["val_bpb"] = float(r["val_bpb"])
         except (ValueError, TypeError, AttributeError) as e:
-            what = f"not a row that corridor.py --csv writes ({e})"
-            raise ValueError(f"{path}:{lineno}: {what}; {CSV_AGAIN}") from None
+            raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e}); "
+                             f"{CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
                      "records": records, "evals": [last], "warnings": []})

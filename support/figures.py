@@ -72,7 +72,7 @@ def corridor_curve(curve):
                                       gridspec_kw={"height_ratios": [3, 0.6 + 0.45 * n_layer]})
     else:
         fig, ax = plt.subplots(figsize=(12, 7))
-    for a in (ax, low) if low else (ax,):
+    for a in fig.axes:
         a.axvspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)" if a is ax else None)
         a.grid(alpha=0.3)
     ax.axhline(0, color="black", linewidth=1)
@@ -112,13 +112,12 @@ def operators(M, tokens, titles, title):
     n_layer, n_head, T, _ = M.shape
     lim = float(np.abs(M).max())
     side = max(2.5, 0.11 * T)  # inches a panel: 8 points a token label
-    size = (side * n_head + 2, side * n_layer + 1.5)
-    fig, axes = plt.subplots(n_layer, n_head, figsize=size, squeeze=False, sharex=True, sharey=True,
-                             layout="constrained")  # shared axes: only the outer panels label the tokens
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(side * n_head + 2, side * n_layer + 1.5),
+                             squeeze=False, sharex=True, sharey=True, layout="constrained")
     for ax, panel, name in zip(axes.flat, M.reshape(-1, T, T), titles):
         im = ax.imshow(panel, cmap="RdBu", vmin=-lim, vmax=lim)
         ax.set_title(name, fontsize=12)
-    for ax in axes[-1]:
+    for ax in axes[-1]:  # shared axes: only the outer panels label the tokens
         ax.set_xticks(range(T), tokens, fontsize=7, rotation=90)
     for ax in axes[:, 0]:
         ax.set_yticks(range(T), tokens, fontsize=7)
