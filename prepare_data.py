@@ -119,7 +119,6 @@ def shakespeare_documents():
 
 
 def text_documents(path):
-    """The documents of --input: the file, or each .txt (or .TXT) file in the folder, each a regular file."""
     if not os.path.lexists(path):
         raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
     files = [path]
@@ -285,7 +284,6 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
 # corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B
 
 def hub_error(e, repo, revision, filename=None):
-    """One line for what went wrong talking to the hub."""
     from huggingface_hub import errors
     what = f"{filename + ' of ' if filename else ''}{repo} at revision {revision}"
     if isinstance(e, errors.RepositoryNotFoundError):

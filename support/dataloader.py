@@ -47,7 +47,6 @@ class ShardFile:
         self.count += len(tokens)
 
     def close(self):
-        """Finish the shard: the real header, then the real name."""
         try:
             self.file.seek(0)  # the header's first three ints; the rest of it stays blank
             self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
