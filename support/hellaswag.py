@@ -94,7 +94,6 @@ def ending_losses(model, tokens, mask):
     return (losses.view(mask.shape) * mask).sum(1) / mask.sum(1)  # (rows,)
 
 
-@torch.no_grad()
 def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcontext()):
     """acc_norm of `model` on the rendered examples, the counts of each rank's share (rank, rank + world_size,
     ...) summed; batch_size examples (4·batch_size rows) at a time, in eval mode (then back to its mode)."""
