@@ -34,6 +34,7 @@ from pathlib import Path
 
 import filelock
 import numpy as np
+from tqdm import tqdm
 
 from support.configurator import (at_least, configure, in_range, nonempty, one_of, open_regular, optional,
                                   refuse_unless_regular, requires)
@@ -119,7 +120,6 @@ def shakespeare_documents():
 
 
 def text_documents(path):
-    """The documents of --input: the file, or each .txt (or .TXT) file in the folder, each a regular file."""
     if not os.path.lexists(path):
         raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
     files = [path]
@@ -228,7 +228,6 @@ def preparing(out_dir, name):
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
     """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
     meta.json goes first and comes back last: a kill in between leaves no dataset."""
-    from tqdm import tqdm
     start = time.time()
     if not any(docs):
         raise DataError(f"{name}: the corpus is empty; give it some text")
@@ -285,7 +284,6 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
 # corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B
 
 def hub_error(e, repo, revision, filename=None):
-    """One line for what went wrong talking to the hub."""
     from huggingface_hub import errors
     what = f"{filename + ' of ' if filename else ''}{repo} at revision {revision}"
     if isinstance(e, errors.RepositoryNotFoundError):
@@ -385,7 +383,6 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
     """OpenWebText -> GPT-2 tokens (encoding: tiktoken's GPT-2 by default), one parquet file at a time:
     fetched, tokenised in num_proc processes into its train shard and val share, noted in progress.json."""
     from multiprocessing import Pool
-    from tqdm import tqdm
     start, name = time.time(), "openwebtext"
     num_proc = num_proc or max(1, (os.cpu_count() or 2) // 2)
     enc = encoding or gpt2_encoding()  # first: it fails fast, the download does not
@@ -445,7 +442,6 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
 
 def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     """FineWeb's val shard and first train_shards train shards (GPT-2 tokens), checked; whole ones kept."""
-    from tqdm import tqdm
     start, name = time.time(), "fineweb10B"
     data_dir, staging = dataset_dirs(out_dir, name)
     files = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, train_shards + 1)]

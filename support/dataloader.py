@@ -47,7 +47,6 @@ class ShardFile:
         self.count += len(tokens)
 
     def close(self):
-        """Finish the shard: the real header, then the real name."""
         try:
             self.file.seek(0)  # the header's first three ints; the rest of it stays blank
             self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
@@ -235,7 +234,7 @@ class ShardLoader:
     def __init__(self, data_dir, split, batch_size, block_size, rank=0, world_size=1, vocab_size=None,
                  seed=0):
         self.shards = find_shards(data_dir, split, required=True)
-        self.B, self.T, self.rank, self.world_size = batch_size, block_size, rank, world_size
+        self.B, self.T, self.rank = batch_size, block_size, rank
         self.vocab_size, self.seed = vocab_size, seed
         self.step = world_size * batch_size  # windows the whole world consumes per batch
         self.shard = self.epoch = None

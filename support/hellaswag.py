@@ -14,6 +14,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from support.configurator import ConfigError, read_regular
 from support.dataloader import DataError, get_tokenizer
@@ -78,14 +79,10 @@ def render_all(meta, dataset, block_size):
 def batch_tensors(rendered):
     """Rendered examples -> (tokens, mask), both (4·n, L): rows padded with 0 to the longest; mask 1 at the
     positions whose token is an ending's."""
-    rows = [row for rows, _, _ in rendered for row in rows]
+    rows = [torch.tensor(row) for rows, _, _ in rendered for row in rows]
     lengths = [n for _, ending_lengths, _ in rendered for n in ending_lengths]
-    L = max(map(len, rows))
-    tokens, mask = torch.zeros(len(rows), L, dtype=torch.long), torch.zeros(len(rows), L)
-    for i, (row, n) in enumerate(zip(rows, lengths)):
-        tokens[i, :len(row)] = torch.tensor(row)
-        mask[i, max(0, len(row) - n):len(row)] = 1  # an ending longer than the row: what is left of it
-    return tokens, mask
+    mask = [torch.arange(len(row)) >= len(row) - n for row, n in zip(rows, lengths)]  # the last n (or all)
+    return pad_sequence(rows, batch_first=True), pad_sequence(mask, batch_first=True).float()
 
 
 @torch.no_grad()
@@ -97,7 +94,6 @@ def ending_losses(model, tokens, mask):
     return (losses.view(mask.shape) * mask).sum(1) / mask.sum(1)  # (rows,)
 
 
-@torch.no_grad()
 def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcontext()):
     """acc_norm of `model` on the rendered examples, the counts of each rank's share (rank, rank + world_size,
     ...) summed; batch_size examples (4·batch_size rows) at a time, in eval mode (then back to its mode)."""
