@@ -34,10 +34,9 @@ def device_rule(key, value):
     return value
 
 
-def pick_device(name, local_rank=None):
+def pick_device(dev, local_rank=None):
     """(device, its type) for a device setting: auto is cuda > mps > cpu, without touching CUDA on a machine
     that has none; under torchrun, cuda is this process's GPU."""
-    dev = name
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if dev == "cuda" and local_rank is not None:
@@ -111,8 +110,7 @@ def join_group(run):
 
 
 def start_process(cfg):
-    """This process's Run: its place in the DDP run (if torchrun started it), device, dtype and autocast
-    context; the DDP group joined; the seed set."""
+    """This process's Run, with the DDP group joined (if torchrun started it) and the seed set."""
     rank, local_rank, world_size = ddp_env()
     run = Run(rank, local_rank, world_size, *pick_device_and_dtype(cfg, local_rank), cfg.eval_only)
     if run.ddp:
