@@ -208,7 +208,6 @@ def load_checkpoint(path):
 
 
 def few(names):
-    """The first three names, and ... when there are more."""
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
@@ -321,9 +320,8 @@ class RunLog:
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, cfg, resume_iter):
-    """Claim cfg.out_dir (claim_run_dir), then start run's log there, then write config.json (cfg): a
-    config.json without a log is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration when
-    resuming, else None."""
+    """Claim cfg.out_dir, start run's log there, then write config.json: a config.json without a log is not a
+    run's (see check_run_dir). resume_iter: the checkpoint's iteration when resuming, else None."""
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
@@ -334,8 +332,7 @@ def start_run_dir(run, cfg, resume_iter):
 
 
 def save_checkpoint(run, checkpoint, latest):
-    """checkpoint (train.py's dict) as ckpt.pt when latest, and as ckpt_NNNNNN.pt when save_every (of its
-    settings) is due, in their out_dir; run says where."""
+    """train.py's checkpoint dict as ckpt.pt when latest, and as ckpt_NNNNNN.pt when its save_every is due."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if latest else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
