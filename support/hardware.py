@@ -138,9 +138,8 @@ def compiled_and_wrapped(model, cfg, run):
     # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
     # compile a graph for aliased arguments, and the loop's first step would compile again)
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
-    y = torch.zeros_like(x)
     with run.ctx:
-        model(x, y)[1].backward()
+        model(x, torch.zeros_like(x))[1].backward()
     model.zero_grad(set_to_none=True)
     return model
 
