@@ -194,8 +194,7 @@ def timing(fn):
 
 
 def main(argv, fn=None):
-    """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs);
-    None: kernel.mix_attention."""
+    """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
     try:
         cfg = configure(DEFAULTS, argv, files=False, help_from=[("", sys.modules[__name__])])[0]
     except ConfigError as e:

@@ -246,8 +246,7 @@ def load_optimizer_state(optimizer, ckpt):
 
 
 def restore(ckpt, optimizer, train_loader):
-    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, its optimizer state and loader
-    position restored; a new run (ckpt None) starts at (0, 0, inf)."""
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, optimizer and loader restored."""
     if ckpt is None:
         return 0, 0, float("inf")
     load_optimizer_state(optimizer, ckpt)
