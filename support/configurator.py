@@ -53,7 +53,6 @@ def not_regular(path, mode):
 
 
 def refuse_unless_regular(path):
-    """Raise the ConfigError of not_regular when path is there but is not a regular file."""
     if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
         raise not_regular(path, os.lstat(path).st_mode)
 

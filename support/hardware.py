@@ -34,10 +34,9 @@ def device_rule(key, value):
     return value
 
 
-def pick_device(name, local_rank=None):
+def pick_device(dev, local_rank=None):
     """(device, its type) for a device setting: auto is cuda > mps > cpu, without touching CUDA on a machine
     that has none; under torchrun, cuda is this process's GPU."""
-    dev = name
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if dev == "cuda" and local_rank is not None:
@@ -120,8 +119,7 @@ def join_group(run):
 
 
 def start_process(cfg):
-    """This process's Run: its place in the DDP run (if torchrun started it), device, dtype and autocast
-    context; the DDP group joined; the seed set."""
+    """This process's Run, with the DDP group joined (if torchrun started it) and the seed set."""
     rank, local_rank, world_size = ddp_env()
     run = Run(rank, local_rank, world_size, *pick_device_and_dtype(cfg, local_rank), cfg.eval_only)
     if run.ddp:
@@ -149,9 +147,8 @@ def compiled_and_wrapped(model, cfg, run):
     # inputs and targets as the loop feeds them: two contiguous (B, T) tensors (one tensor for both would
     # compile a graph for aliased arguments, and the loop's first step would compile again)
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
-    y = torch.zeros_like(x)
     with run.ctx:
-        model(x, y)[1].backward()
+        model(x, torch.zeros_like(x))[1].backward()
     model.zero_grad(set_to_none=True)
     return model
 

@@ -94,13 +94,6 @@ def _first_line(e):  # an exception in one line, without the advice check_kernel
     return line.removesuffix("; use impl=sdpa").rstrip(".")
 
 
-def _device(device):  # "cuda" means the current CUDA device: name its index
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def check_kernel(device, dtype, head_size):
     """kernel.mix_attention, with the launch configs the model gets, against float64 on this device (a name
     or a torch.device), dtype (torch.bfloat16 or "bfloat16") and head size. Returns one line for the log.
@@ -109,7 +102,9 @@ def check_kernel(device, dtype, head_size):
     name = str(dtype).removeprefix("torch.")
     try:
         import kernel  # here, not at the top: train.py imports this file where triton may be missing
-        device = _device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # the current CUDA device: name its index
+            device = torch.device("cuda", torch.cuda.current_device())
         if device.type == "cpu" and name == "bfloat16":  # the gate leaves bf16 out on a CPU too
             raise ValueError("on a CPU, Triton's interpreter computes bf16 dots wrongly (float32 is right)")
         T = 301 if device.type == "cuda" else 77  # ragged, several tiles; shorter in the slow interpreter
@@ -168,10 +163,8 @@ def time_fwd_bwd(fn, device, dtype, shape):
     from triton.testing import do_bench
     B, H, T, D = shape
     leaves, dout = model_inputs(B, H, T, D, dtype, device)
-
-    def step():
-        torch.autograd.grad(fn(*leaves), leaves, dout)
-    return do_bench(step, warmup=10, rep=40, return_mode="median")
+    return do_bench(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), warmup=10, rep=40,
+                    return_mode="median")
 
 
 def sdpa_backend(q, k, v):
@@ -201,8 +194,7 @@ def timing(fn):
 
 
 def main(argv, fn=None):
-    """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs);
-    None: kernel.mix_attention."""
+    """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
     try:
         cfg = configure(DEFAULTS, argv, files=False, help_from=[("", sys.modules[__name__])])[0]
     except ConfigError as e:

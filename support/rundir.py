@@ -208,7 +208,6 @@ def load_checkpoint(path):
 
 
 def few(names):
-    """The first three names, and ... when there are more."""
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
@@ -247,8 +246,7 @@ def load_optimizer_state(optimizer, ckpt):
 
 
 def restore(ckpt, optimizer, train_loader):
-    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, its optimizer state and loader
-    position restored; a new run (ckpt None) starts at (0, 0, inf)."""
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, optimizer and loader restored."""
     if ckpt is None:
         return 0, 0, float("inf")
     load_optimizer_state(optimizer, ckpt)
@@ -321,9 +319,9 @@ class RunLog:
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, cfg, resume_iter):
-    """The process that writes (run.writes) claims cfg.out_dir (claim_run_dir), then starts run's log there,
-    then writes config.json (cfg): a config.json without a log is not a run's (see check_run_dir).
-    resume_iter: the checkpoint's iteration when resuming, else None."""
+    """On the writing process (run.writes): claim cfg.out_dir, start run's log there, then write config.json:
+    a config.json without a log is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration
+    when resuming, else None."""
     if not run.writes:
         return
     claim_run_dir(cfg.out_dir, resume_iter is not None)
@@ -336,8 +334,7 @@ def start_run_dir(run, cfg, resume_iter):
 
 
 def save_checkpoint(run, checkpoint, latest):
-    """checkpoint (train.py's dict) as ckpt.pt when latest, and as ckpt_NNNNNN.pt when save_every (of its
-    settings) is due, in their out_dir; run says where."""
+    """train.py's checkpoint dict as ckpt.pt when latest, and as ckpt_NNNNNN.pt when its save_every is due."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if latest else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
