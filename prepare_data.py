@@ -587,6 +587,7 @@ def main(argv):
     if argv[0] in CORPORA and ("-h" in argv or "--help" in argv):  # NAME --help: the options NAME takes
         options = {k: v for k, v in OPTIONS.items() if k in CORPORA[argv[0]] | {"out_dir"}}
     cfg, given = configure(options, argv[1:], RULES, files=False, help_from=help_from)
+    given = {key for key in given if getattr(cfg, key) is not None}  # None, as OPTIONS shows it: the default
     prepare(argv[0], **{key: getattr(cfg, key) for key in given})
 
 

@@ -835,6 +835,7 @@ def test_bad_options_are_one_line(argv, message):
     (["fineweb10B", "--train_shards=103"], dict(train_shards=103)),  # every train file the hub has
     (["fineweb10B", "--train_shards=1"], dict(train_shards=1)),
     (["text", "--input=a.txt", "--tokenizer=byte"], dict(input="a.txt", tokenizer="byte")),
+    (["pydocs", "--val_fraction=None", "--num_proc=None"], dict()),  # None, as OPTIONS shows: the default
     (["pydocs"], dict())])  # only the options given are passed on: each corpus keeps its own defaults
 def test_last_allowed_options_reach_prepare(monkeypatch, argv, options):
     calls = []
