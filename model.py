@@ -297,8 +297,8 @@ def check_config(config):
             has = ", ".join(Op.controls) or "none"
             raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
                              "drop it or change op")
-        if type(Op.controls[key]) is float and type(value) not in (int, float):  # its default gives its type
-            raise ValueError(f"{key}={value!r} is not allowed: it must be a number")
+        if type(Op.controls[key]) is float and not (type(value) in (int, float) and math.isfinite(value)):
+            raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")  # as its default
         if type(Op.controls[key]) is bool and type(value) is not bool:
             raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
     config.controls = {**Op.controls, **config.controls}

@@ -139,7 +139,7 @@ class Mix(FromGammaDelta):
     def check(cls, n_head, controls):
         super().check(n_head, controls)
         g_min = controls["gamma_min"]
-        if g_min is not None and type(g_min) not in (int, float):
+        if g_min is not None and not (type(g_min) in (int, float) and math.isfinite(g_min)):
             raise ValueError(f"gamma_min={g_min!r} is not allowed: give a number (γ is kept ≥ it) or None")
         if g_min is not None and controls["gamma_init"] < g_min:
             raise ValueError(f"gamma_init={controls['gamma_init']} is below gamma_min={g_min}: "

@@ -481,10 +481,15 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
     (dict(op="mix", gamma_min=0.0, gamma_init=-0.01),
      "gamma_init=-0.01 is below gamma_min=0.0: start γ inside its range"),
     # a control's type is its default's (a float's takes an int), whichever op declares it
-    (dict(op="mix", gamma_init=None), "gamma_init=None is not allowed: it must be a number"),
-    (dict(op="mix", gamma_init="x", gamma_min=0.0), "gamma_init='x' is not allowed: it must be a number"),
-    (dict(op="mix_ab", delta_init=True), "delta_init=True is not allowed: it must be a number"),
-    (dict(op="mix_alpha", gamma_init=[0.5]), "gamma_init=[0.5] is not allowed: it must be a number"),
+    (dict(op="mix", gamma_init=None), "gamma_init=None is not allowed: it must be a finite number"),
+    (dict(op="mix", gamma_init="x", gamma_min=0.0),
+     "gamma_init='x' is not allowed: it must be a finite number"),
+    (dict(op="mix_ab", delta_init=True), "delta_init=True is not allowed: it must be a finite number"),
+    (dict(op="mix_alpha", gamma_init=[0.5]), "gamma_init=[0.5] is not allowed: it must be a finite number"),
+    (dict(op="mix", gamma_init=math.nan), "gamma_init=nan is not allowed: it must be a finite number"),
+    (dict(op="mix_ab", delta_init=-math.inf), "delta_init=-inf is not allowed: it must be a finite number"),
+    (dict(op="mix", gamma_min=math.nan),
+     "gamma_min=nan is not allowed: give a number (γ is kept ≥ it) or None"),
     (dict(op="mix", learn_gamma=1), "learn_gamma=1 is not allowed: it must be True or False"),
     (dict(op="mix", learn_delta=None), "learn_delta=None is not allowed: it must be True or False"),
 ])
@@ -552,7 +557,7 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
         GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
-@pytest.mark.parametrize("value", [None, "x", True])
+@pytest.mark.parametrize("value", [None, "x", True, math.inf])
 def test_from_checkpoint_refuses_a_control_of_the_wrong_type_in_one_line(value):
     """A checkpoint whose control has the wrong type (edited, or from elsewhere) gives the one-line ValueError
     that names the control, as any bad setting of the file does, not a TypeError from building the model."""
@@ -562,7 +567,8 @@ def test_from_checkpoint_refuses_a_control_of_the_wrong_type_in_one_line(value):
     with pytest.raises(ValueError) as e:
         GPT.from_checkpoint(ckpt)
     assert str(e.value) == (f"the checkpoint does not fit this code (ValueError: gamma_init={value!r} is not "
-                            "allowed: it must be a number); it comes from another version or was edited")
+                            "allowed: it must be a finite number); it comes from another version or was "
+                            "edited")
 
 
 def test_from_checkpoint_of_a_triton_run_loads_with_sdpa_where_triton_is_missing(monkeypatch):
