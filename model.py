@@ -55,9 +55,8 @@ class CausalSelfAttention(nn.Module):
 
     def qkv(self, x):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        hs = C // self.n_head
-        return [t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
+        qkv = self.c_attn(x).split(self.n_embd, dim=2)  # q, k, v: (B, T, C) each
+        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # (B, nh, T, hs)
 
     def forward(self, x, cache=None):
         """x: (B, T, C). cache, only while generating: this layer's keys and values of the positions before x,
@@ -190,12 +189,9 @@ class GPT(nn.Module):
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2 and id(p) not in op_params]
         op_scalars = [p for p in params if id(p) in op_params]
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0},
-                  {"params": op_scalars, "weight_decay": 0.0, "lr_scale": op_lr_scale}]
-        groups = [g for g in groups if g["params"]]
-        for g in groups:
-            g["lr"] = learning_rate * g.get("lr_scale", 1.0)
+        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0),
+                  dict(params=op_scalars, weight_decay=0.0, lr_scale=op_lr_scale)]
+        groups = [{**g, "lr": learning_rate * g.get("lr_scale", 1.0)} for g in groups if g["params"]]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
@@ -239,9 +235,8 @@ class GPT(nn.Module):
         starts from attention and the heads are free to move into the corridor."""
         from support.pretrained import gpt2_weights  # lazy: reads and checks the folder or the hub's files
         sizes, weights = gpt2_weights(name_or_path)  # checked against config.json before anything is built
-        config = GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {}, dropout=dropout,
-                           impl=impl)
-        model = cls(config)
+        model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {},
+                              dropout=dropout, impl=impl))
         # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from nn.Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
         weights = {k: w.t() if k.endswith(transposed) else w for k, w in weights.items()}
@@ -294,9 +289,8 @@ def check_config(config):
     Op = OPS[config.op]
     for key, value in config.controls.items():
         if key not in Op.controls:
-            has = ", ".join(Op.controls) or "none"
-            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: {has}); "
-                             "drop it or change op")
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: "
+                             f"{', '.join(Op.controls) or 'none'}); drop it or change op")
         if type(Op.controls[key]) is float and not (type(value) in (int, float) and math.isfinite(value)):
             raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")  # as its default
         if type(Op.controls[key]) is bool and type(value) is not bool:

@@ -22,13 +22,10 @@ import torch
 from model import GPT, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
-from support import hellaswag, settings
-from support.kernel_check import check_kernel
+from support import hellaswag, kernel_check, rundir, settings
 from support.configurator import configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import compiled_and_wrapped, end_process, exit_status, peak_flops, start_process
-from support.rundir import (interrupted, restore, save_checkpoint, start_run_dir, stop_if_not_finite,
-                            unlock_run_dir)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -144,7 +141,7 @@ class Evaluation:
         except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
             self.val_bytes = None
             run.say(f"note: no bits per byte in this run: {e}")
-        self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples as token rows
+        self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples, token rows
                           if cfg.hellaswag_interval else None)
         counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
         if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
@@ -190,14 +187,14 @@ class Evaluation:
         gamma, delta = model.gamma_delta()
         run.say(f"{line} | {corridor_summary(gamma, delta)}")
         run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
-        stop_if_not_finite("the validation loss", val_loss, iter_num, cfg.out_dir)
+        rundir.stop_if_not_finite("the validation loss", val_loss, iter_num, cfg.out_dir)
         return val_loss
 
 
 def log_train(run, out_dir, **record):
     """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...); a loss
     that is not finite stops the run here."""
-    stop_if_not_finite("the training loss", record["loss"], record["iter"], out_dir)
+    rundir.stop_if_not_finite("the training loss", record["loss"], record["iter"], out_dir)
     line = ("iter {iter}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}, "
             "{ms_per_iter:.1f} ms/iter, {tokens_per_s:,.0f} tok/s").format(**record)
     if record["mfu"]:
@@ -225,7 +222,7 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
             + corridor_summary(gamma, delta))
     if run.writes:
         run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
-        unlock_run_dir(out_dir)
+        rundir.unlock_run_dir(out_dir)
     if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
         torch.distributed.barrier()
 
@@ -247,7 +244,7 @@ def train(cfg, given=frozenset()):
     settings.refuse_another_model(given, model_args, asdict(model.config), ckpt is not None)  # fixed by it
     cfg = SimpleNamespace(**{**vars(cfg), **settings.as_settings(asdict(model.config))})  # what runs
     if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
-        run.say(check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
+        run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
@@ -255,8 +252,8 @@ def train(cfg, given=frozenset()):
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
-    iter_num, tokens, best_val_loss = restore(ckpt, optimizer, train_loader)  # the loop's counters
-    start_run_dir(run, cfg, iter_num if ckpt is not None else None)  # the writer's out_dir: lock, log, config
+    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the loop's counters
+    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None)  # out_dir: its lock, log, config
     start_iter = iter_num  # a resumed run was evaluated here before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter)
@@ -276,7 +273,7 @@ def train(cfg, given=frozenset()):
                               "model_args": asdict(raw_model.config), "iter_num": iter_num,
                               "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
                               "loader": train_loader.state_dict(), "meta": meta}
-                save_checkpoint(run, checkpoint, latest)  # ckpt.pt if latest; ckpt_NNNNNN.pt by save_every
+                rundir.save_checkpoint(run, checkpoint, latest)  # ckpt.pt if latest; ckpt_NNNNNN.pt if due
             t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break
@@ -320,7 +317,7 @@ def main(argv=None):
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
-        sys.exit(interrupted(cfg))  # how to go on: resume from the checkpoint, or the same command again
+        sys.exit(rundir.interrupted(cfg))  # says how to go on: resume from the checkpoint, or run it again
     finally:
         end_process()  # the DDP group goes at every exit, error or not
 

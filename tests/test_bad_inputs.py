@@ -292,7 +292,8 @@ def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
                             "(same --out_dir)")
     with pytest.raises(SystemExit) as e:  # evaluating a run, which has its checkpoint
         train.main(QUICK + ["--eval_only=True"])
-    assert e.value.code == "interrupted: eval_only writes nothing (nothing is lost): run the same command again"
+    assert e.value.code == ("interrupted: eval_only writes nothing (nothing is lost): "
+                            "run the same command again")
     os.remove("out/run/ckpt.pt")  # a run stopped at iter 1, before its first checkpoint: the same command
     open("out/run/log.jsonl", "w").write('{"event": "start", "iter": 0}\n{"event": "eval", "iter": 0}\n'
                                          '{"event": "train", "iter": 1}\n')

@@ -1163,7 +1163,7 @@ def test_bad_text_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys
     os.symlink("missing", tmp_path / "a_link")
     assert corridor.main(args(trained, tmp_path)) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err  # that line only
+    assert out == "" and err.startswith("error: ") and err.count("\n") == 1 and message in err
     assert sorted(os.listdir(tmp_path)) == ["a_file", "a_link"]
     assert (tmp_path / "a_file").read_text() == "kept"
     assert not os.path.exists(os.path.join(trained, "operators.png"))
