@@ -174,8 +174,12 @@ def dataset_dirs(out_dir, name):
 
 
 def write_text(path, text):
-    with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted under that name is not used
-        f.write(text.encode("utf-8"))
+    try:
+        with open_regular(path + ".tmp", "wb") as f:  # created anew: a link planted there is not used
+            f.write(text.encode("utf-8"))
+    except OSError:  # a full disk, say: the unfinished file goes, as preparing's line says
+        Path(path + ".tmp").unlink(missing_ok=True)
+        raise
     os.replace(path + ".tmp", path)  # atomic: a reader sees the old file or the new one, never half of one
 
 

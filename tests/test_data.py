@@ -446,6 +446,34 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch)
     assert os.listdir(tmp_path) == [".pydocs.lock"]  # no staging folder, no .tmp, no dataset
 
 
+class FullDiskFile:
+    """open_regular's file, whose writes fail as on a full disk."""
+    def __init__(self, file):
+        self.file = file
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *error):
+        self.file.close()
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_disk_full_while_meta_json_is_written_leaves_no_tmp(tmp_path, monkeypatch):
+    """The line says the unfinished file was removed: meta.json's too, the last file a preparation writes."""
+    real_open = pd.open_regular
+
+    def open_regular(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        return FullDiskFile(f) if path.endswith("meta.json.tmp") else f
+    monkeypatch.setattr(pd, "open_regular", open_regular)
+    with pytest.raises(DataError, match="no space left on device in .*the unfinished file was removed"):
+        pd.prepare("text", input=__file__, name="t", out_dir=str(tmp_path))
+    assert [f for f in os.listdir(tmp_path / "t") if f.endswith(".tmp")] == []
+
+
 @pytest.mark.parametrize("error, message", [
     (PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.bin"),
      "^Permission denied: /somewhere/x.bin$"),
