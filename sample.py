@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from support.configurator import SEED, ConfigError, at_least, configure, optional
+from support.configurator import SEED, ConfigError, at_least, configure, optional, requires
 from support.dataloader import get_tokenizer
 from support.hardware import device_rule, pick_device
 from model import GPT
@@ -38,9 +38,7 @@ DEFAULTS = dict(
 def temperature_rule(key, value):
     """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to NaN."""
     at_least(0.0)(key, value)
-    if value != 0 and value < 1e-3:
-        raise ConfigError(f"{key}={value!r} is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
-    return value
+    return requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001")(key, value)
 
 
 RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
