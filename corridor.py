@@ -444,8 +444,8 @@ def report(runs, each=True):
         print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
               " attention runs of the same config)")
         cells = [[s["name"], s["label"], f"{s['final_val']:.4f}", f"{s['best_val']:.4f}",
-                  fmt(s["vs_attention"]), "fixed" if s["fixed"] or not s["learns_gamma"] else
-                  fmt(s["frac_deep"], ".0%")] for s in c["rows"]]
+                  fmt(s["vs_attention"]), "fixed" if not s["learns_gamma"] else fmt(s["frac_deep"], ".0%")]
+                 for s in c["rows"]]
         print_table(["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2)
     groups = c["groups"]
     if not any(g["n"] > 1 for g in groups):
