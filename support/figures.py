@@ -15,16 +15,16 @@ from support.rundir import atomic_write
 # large enough to read on a projector
 STYLE = {"font.size": 16, "axes.titlesize": 16, "legend.fontsize": 12, "lines.linewidth": 2}
 CORRIDOR = dict(color="green", alpha=0.12)  # the shading of γ ∈ (−1, 0)
+COLOURS = plt.get_cmap("tab10")  # one colour per layer, or per curve
 
 
 def head_scalars(x, vals, sym, xlabel, title):
     """γ or δ (sym) of every head over training: vals is (time, layer, head), one colour per layer."""
-    colours = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(11, 6.5))
     if sym == "γ":
         ax.axhspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)")
     for layer, head in np.ndindex(vals.shape[1:]):
-        ax.plot(x, vals[:, layer, head], color=colours(layer % 10), alpha=0.8,
+        ax.plot(x, vals[:, layer, head], color=COLOURS(layer % 10), alpha=0.8,
                 label=f"layer {layer + 1}" if head == 0 else None)
     ax.set(xlabel=xlabel, ylabel=f"{sym} per head", title=f"{sym} of every head over training\n{title}")
     ax.legend(loc="best")
@@ -76,12 +76,11 @@ def corridor_curve(curve):
         a.axvspan(-1, 0, **CORRIDOR, label="convex corridor (−1, 0)" if a is ax else None)
         a.grid(alpha=0.3)
     ax.axhline(0, color="black", linewidth=1)
-    colours = plt.get_cmap("tab10")
     for i, c in enumerate(curve["curves"]):
         x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
-        ax.fill_between(x, lo, hi, color=colours(i), alpha=0.2,
+        ax.fill_between(x, lo, hi, color=COLOURS(i), alpha=0.2,
                         label="95% confidence interval" if i == 0 else None)
-        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=colours(i),
+        ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6, color=COLOURS(i),
                     label=c["label"])
     ax.plot([0], [0], marker="*", markersize=24, color="black", linestyle="none", zorder=5,
             label="attention (γ = 0, δ = 1)")
@@ -92,7 +91,7 @@ def corridor_curve(curve):
         for j, g in enumerate(learned):
             y = np.arange(1, len(g["layer_gamma"]) + 1) + 0.2 * (j - (len(learned) - 1) / 2)  # side by side
             low.errorbar(g["layer_gamma"], y, xerr=g["layer_std"], fmt="v^sD"[j % 4], markersize=11,
-                         capsize=4, color=colours(len(curve["curves"]) + j), label=f"learned {g['label']}")
+                         capsize=4, color=COLOURS(len(curve["curves"]) + j), label=f"learned {g['label']}")
         low.set_yticks(range(1, n_layer + 1), [f"layer {i}" for i in range(1, n_layer + 1)])
         low.set_ylim(n_layer + 0.6, 0.4)  # layer 1 on top, read like a table
         low.set_title("where learned runs end: mean final γ per layer (± std over seeds)", fontsize=14)
