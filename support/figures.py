@@ -2,8 +2,6 @@
 figures.py: the PNG figures corridor.py writes. corridor.py decides what each shows (val_loss_lines,
 curve_data) and this file only draws it; corridor.py imports it only to draw, so matplotlib stays optional.
 """
-import math
-
 import matplotlib
 matplotlib.use("Agg")  # draw into files only: no window, so it also works on a server or in CI
 matplotlib.rcParams["text.parse_math"] = False  # every text drawn as typed: a run out/$a_$b is no formula
@@ -100,7 +98,7 @@ def corridor_curve(curve):
                            "γ = −1: negative Laplacian)")
     # the x range: attention, the Laplacian and every point drawn (a diverged run's γ may be NaN)
     xs = [x for c in curve["curves"] for x in c["gamma"]] + [x for g in learned for x in g["layer_gamma"]]
-    xs = [x for x in [0.0, -1.0, *xs] if math.isfinite(x)]
+    xs = [x for x in [0.0, -1.0, *xs] if np.isfinite(x)]
     ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)
     return fig
 
