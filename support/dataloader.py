@@ -120,9 +120,8 @@ def check_meta(meta, where, remedy="prepare the dataset again"):
                         "integer in 1..65536, at most 256 for byte; chars, one per token, for char): it was "
                         f"edited or comes from elsewhere; {remedy}")
     tokens = meta.get("tokens", {})  # written by prepare_data.py; a hand-made meta.json may leave it out
-    counts = isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and \
-        all(type(n) is int and n >= 0 for n in tokens.values())
-    if not counts:
+    if not (isinstance(tokens, dict) and set(tokens) <= {"train", "val"} and
+            all(type(n) is int and n >= 0 for n in tokens.values())):
         raise DataError(f"{where}: tokens must map train and val to their token counts, not "
                         f"{str(tokens)[:40]!r}: it was edited or comes from elsewhere; {remedy}")
     return meta
