@@ -161,8 +161,7 @@ def check_accuracy(fn, device):
 def time_fwd_bwd(fn, device, dtype, shape):
     """Median ms of fn's forward + backward on this GPU at this shape, in the model's layout (do_bench)."""
     from triton.testing import do_bench
-    B, H, T, D = shape
-    leaves, dout = model_inputs(B, H, T, D, dtype, device)
+    leaves, dout = model_inputs(*shape, dtype, device)
     return do_bench(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), warmup=10, rep=40,
                     return_mode="median")
 
