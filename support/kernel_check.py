@@ -133,8 +133,7 @@ TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12
 
 
 def check_accuracy(fn, device):
-    """accuracy() of fn for every dtype and head size, in the launch configs this device gets: a row each.
-    True if all pass."""
+    """accuracy() of fn in this device's launch configs, a row per dtype and head size; True if all pass."""
     import kernel
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device.type == "cuda" else [])
     print(f"float64 check on {device} (kernel_check.accuracy; error = max|x - ref| / max|ref|, "
