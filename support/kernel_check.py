@@ -69,8 +69,7 @@ def accuracy(fn, device, dtype, D, T=301):
     tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its
     last bits). Returns rows (what, error, tolerance): error = max|x - ref| / max|ref|, NaN unless finite."""
     leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
-    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    want = _fwd_bwd(reference, ref_leaves, dout.double())
+    want = _fwd_bwd(reference, [x.detach().double().requires_grad_() for x in leaves], dout.double())
     first, second = _fwd_bwd(fn, leaves, dout), _fwd_bwd(fn, leaves, dout)
     rows = []
     for i, name in enumerate(("out", "dq", "dk", "dv", "da", "db")):
