@@ -27,7 +27,6 @@ def exit_status(e):
 
 
 def device_rule(key, value):
-    """The configurator's check of a device setting."""
     kind, _, index = value.partition(":")
     if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
         raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
