@@ -255,10 +255,8 @@ def _mix_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor
         raise ValueError(f"mix_attention_bwd: dout, pv must have q's shape {tuple(q.shape)} and lse "
                          f"{(B, H, T)}, got {tuple(dout.shape)}, {tuple(pv.shape)}, {tuple(lse.shape)}")
     layout = _new(q).stride()  # the kernels read dout and pv as (B, T, H, D) memory, lse as (B, H, T)
-    if dout.stride() != layout or dout.dtype != q.dtype:  # in the model dout already has this layout
-        dout = _new(q).copy_(dout)
-    if pv.stride() != layout or pv.dtype != q.dtype:  # the forward's pv has it, unless a compiler moved it
-        pv = _new(q).copy_(pv)
+    # in the model dout already has this layout, and so has the forward's pv, unless a compiler moved it
+    dout, pv = (x if x.stride() == layout and x.dtype == q.dtype else _new(q).copy_(x) for x in (dout, pv))
     lse = lse.contiguous().float()
     dq, dk, dv = _new(q, torch.float32), _new(q), _new(q)  # dq: an fp32 accumulator
     delta, scale = q.new_empty((B, H, T), dtype=torch.float32), 1.0 / math.sqrt(D)

@@ -175,7 +175,7 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
     if "-h" in argv or "--help" in argv:
         print_help(defaults, help_from)
         sys.exit(0)
-    values, given = dict(defaults), set()
+    given = {}  # key -> its checked value, for every key a config file or the command line sets
     for arg in argv:  # first: `--max_iters 5` is one setting without its value, not a config file named 5
         if arg.startswith("--") and "=" not in arg:
             raise ConfigError(f"argument {arg!r} must look like --key=value, with '=' and no space: "
@@ -184,14 +184,12 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
         if not arg.startswith("--") and not files:
             raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
         for key, value in (read_config_file(arg).items() if not arg.startswith("--") else []):
-            values[key] = check(key, value, defaults, rules)
-            given.add(key)
+            given[key] = check(key, value, defaults, rules)
     for arg in argv:
         if arg.startswith("--"):
             key, _, text = arg[2:].partition("=")
-            values[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
-            given.add(key)
-    return SimpleNamespace(**values), given
+            given[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
+    return SimpleNamespace(**{**defaults, **given}), set(given)
 
 
 def comments(source):

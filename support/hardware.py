@@ -27,7 +27,6 @@ def exit_status(e):
 
 
 def device_rule(key, value):
-    """The configurator's check of a device setting."""
     kind, _, index = value.partition(":")
     if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
         raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
@@ -59,14 +58,11 @@ def pick_device_and_dtype(cfg, local_rank):
         raise ConfigError(f"device={cfg.device!r} under torchrun would put every process on one GPU; use "
                           "--device=cuda: each process takes cuda:LOCAL_RANK")
     dev, device_type = pick_device(cfg.device, local_rank)
-    dt = cfg.dtype
-    if dt == "auto" and device_type == "cuda":
-        dt = "bfloat16" if torch.cuda.get_device_capability(dev)[0] >= 8 else "float16"
-    elif dt == "auto":
-        dt = "float32"
-    if device_type == "cpu" and dt == "float16":
+    if cfg.dtype == "auto" and device_type == "cuda":
+        return dev, "bfloat16" if torch.cuda.get_device_capability(dev)[0] >= 8 else "float16"
+    if device_type == "cpu" and cfg.dtype == "float16":
         raise ConfigError("dtype='float16' is not supported on CPU; use float32 or bfloat16")
-    return dev, dt
+    return dev, "float32" if cfg.dtype == "auto" else cfg.dtype
 
 
 class Run:

@@ -69,8 +69,7 @@ def accuracy(fn, device, dtype, D, T=301):
     tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its
     last bits). Returns rows (what, error, tolerance): error = max|x - ref| / max|ref|, NaN unless finite."""
     leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
-    ref_leaves = [x.detach().double().requires_grad_() for x in leaves]
-    want = _fwd_bwd(reference, ref_leaves, dout.double())
+    want = _fwd_bwd(reference, [x.detach().double().requires_grad_() for x in leaves], dout.double())
     first, second = _fwd_bwd(fn, leaves, dout), _fwd_bwd(fn, leaves, dout)
     rows = []
     for i, name in enumerate(("out", "dq", "dk", "dv", "da", "db")):
@@ -133,8 +132,7 @@ TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12
 
 
 def check_accuracy(fn, device):
-    """accuracy() of fn for every dtype and head size, in the launch configs this device gets: a row each.
-    True if all pass."""
+    """accuracy() of fn in this device's launch configs, a row per dtype and head size; True if all pass."""
     import kernel
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device.type == "cuda" else [])
     print(f"float64 check on {device} (kernel_check.accuracy; error = max|x - ref| / max|ref|, "
@@ -161,8 +159,7 @@ def check_accuracy(fn, device):
 def time_fwd_bwd(fn, device, dtype, shape):
     """Median ms of fn's forward + backward on this GPU at this shape, in the model's layout (do_bench)."""
     from triton.testing import do_bench
-    B, H, T, D = shape
-    leaves, dout = model_inputs(B, H, T, D, dtype, device)
+    leaves, dout = model_inputs(*shape, dtype, device)
     return do_bench(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), warmup=10, rep=40,
                     return_mode="median")
 

@@ -276,16 +276,14 @@ def trim_log(path, iter_num):
 def git_commit():
     """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+    def git(*args, **options):
+        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10, **options)
     try:
-        sha = git("rev-parse", "HEAD")
+        sha = git("rev-parse", "HEAD", check=True).stdout.strip()  # fails outside a git repository
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    except (OSError, subprocess.SubprocessError):  # no git here, or one that hangs
+    except (OSError, subprocess.SubprocessError):  # no git here, one that hangs, or no repository
         return None
-    if sha.returncode != 0:  # not in a git repository
-        return None
-    return sha.stdout.strip() + ("+" if dirty else "")
+    return sha + ("+" if dirty else "")
 
 
 class RunLog:

@@ -77,8 +77,7 @@ def check_gpt2_tokens(init_from, dataset, meta):
 
 def check_same_data(ckpt, meta, dataset):
     """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
-    keys = ("tokenizer", "vocab_size", "chars")
-    if any(ckpt["meta"].get(k) != meta.get(k) for k in keys):
+    if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
         trained_on = ckpt["config"].get("dataset")
         fix = f"use --dataset={trained_on}"
         if trained_on in (None, dataset):  # the same name, prepared again since (with another vocabulary)
