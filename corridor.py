@@ -229,15 +229,14 @@ def compare(runs):
         s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
         exp = json.dumps(experiment(run["config"]), sort_keys=True)
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
-        keys = [("run", exp, s["seed"])]  # one config and seed twice: one experiment that would count twice
+        # one config and seed twice would count twice; two attention baselines for one seed, likewise
+        key = (s["baseline"] if s["op"] == BASELINE_OP else exp, s["seed"])  # (only exp has an 'op')
+        if key in seen:
+            raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
+                             "(one run twice, or a rerun); pass only one of them")
+        seen[key] = s
         if s["op"] == BASELINE_OP:
-            keys.append(("attention", s["baseline"], s["seed"]))  # two baselines for one seed, likewise
             attention.setdefault(s["baseline"], {})[s["seed"]] = s
-        for key in keys:
-            if key in seen:
-                raise ValueError(f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
-                                 "(one run twice, or a rerun); pass only one of them")
-            seen[key] = s
     attention_mean = {key: float(np.mean([a["final_val"] for a in by_seed.values()]))
                       for key, by_seed in attention.items()}
     rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))  # diverged (NaN) last
