@@ -399,12 +399,10 @@ def group_cells(g):
         "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
     if g["is_baseline"]:
         return [g["setting"], str(g["n"]), val, "baseline", "", "", "", "", deep]
-    if not g["paired"]:  # no attention run of the same config, seed and length
-        return [g["setting"], str(g["n"]), val, "n/a", "n/a", "n/a", "n/a", "n/a", deep]
     ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
     diff = "n/a" if g["paired_mean"] is None else f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}"
-    return [g["setting"], str(g["n"]), val, diff, ci,
-            fmt_p(g["p_t"]), f"{g['k_lower']}/{g['n_pairs']}", fmt_p(g["p_sign"]), deep]
+    lower = f"{g['k_lower']}/{g['n_pairs']}" if g["paired"] else "n/a"  # unpaired: the rest is None too
+    return [g["setting"], str(g["n"]), val, diff, ci, fmt_p(g["p_t"]), lower, fmt_p(g["p_sign"]), deep]
 
 
 def paired_cell(s):
