@@ -332,14 +332,11 @@ def curve_data(groups):
     curves = []
     for key, gs in by_baseline.items():
         points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
-        for g in gs:
-            mean = math.nan if g["paired_mean"] is None else g["paired_mean"]
-            lo, hi = g["ci"] or (math.nan, math.nan)
-            points.append((float(g["config"].get("gamma_init", CONTROLS["gamma_init"])), mean, lo, hi,
-                           g["n_pairs"]))
+        points += [(float(g["config"].get("gamma_init", CONTROLS["gamma_init"])),
+                    math.nan if g["paired_mean"] is None else g["paired_mean"],
+                    *(g["ci"] or (math.nan, math.nan)), g["n_pairs"]) for g in gs]
         gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
-        base = json.loads(key)
-        differs = " ".join(f"{k}={base[k]}" for k in varying if k in base)
+        differs = " ".join(f"{k}={v}" for k, v in json.loads(key).items() if k in varying)  # both sorted
         label = f"fixed γ, δ = 1 ({differs})" if differs else "fixed γ, δ = 1"
         counts = [k for k in n if k is not None]  # seeds per fixed-γ point
         per_point = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
