@@ -464,13 +464,12 @@ def report(runs, each=True):
                  for r in rows]
         print_table(["setting", "selection", "confirmation", "pooled"], cells, left=4)
         print("   each cell: seeds, mean paired diff [95% CI], paired t-test p, seeds below attention")
-    learned = [g for g in groups if g["learns_gamma"]]
-    if learned:
+    cells = [[g["setting"], str(g["n"]), "  ".join(f"{m:+.3f} ± {fmt(sd, '.3f')}" for m, sd in
+                                                   zip(g["layer_gamma"], g["layer_gamma_std"]))]
+             for g in groups if g["learns_gamma"]]
+    if cells:
         print("\n== where learned γ ends: mean final γ per layer, ± its std over seeds")
-        print_table(["setting", "n", "layer 1, 2, ..."],
-                    [[g["setting"], str(g["n"]), "  ".join(f"{m:+.3f} ± {fmt(sd, '.3f')}" for m, sd in
-                                                             zip(g["layer_gamma"], g["layer_gamma_std"]))]
-                     for g in learned], left=3)
+        print_table(["setting", "n", "layer 1, 2, ..."], cells, left=3)
 
 
 # -----------------------------------------------------------------------------
