@@ -568,8 +568,7 @@ MAX_TOKENS = 48  # about as many tokens as a panel shows readably
 def head_matrices(model, idx):
     """Every head's operator a·I + b·P on the tokens idx (1, T), from each layer's q and k as the model's
     forward computes them: (n_layer, nh, T, T)."""
-    pos = torch.arange(idx.size(1))  # (T,)
-    x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (1, T, C)
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(idx.size(1)))  # (1, T, C)
     matrices = []
     for block in model.transformer.h:
         q, k, _ = block.attn.qkv(block.ln_1(x))  # (1, nh, T, hs)
@@ -595,8 +594,7 @@ def draw_operators(run_dir, text, out_dir):
               f"{model.config.block_size}, and about {MAX_TOKENS} fit in a panel)")
     ids = ids[:T]
     M = head_matrices(model, torch.tensor([ids]))  # (L, nh, T, T)
-    coefficients = [op.coefficients() for op in model.head_operators()]  # one (a, b) per layer, each (nh,)
-    a, b = (torch.stack(t) for t in zip(*coefficients))  # (L, nh)
+    a, b = (torch.stack(t) for t in zip(*(op.coefficients() for op in model.head_operators())))  # (L, nh)
     diagonal = M.diagonal(dim1=-2, dim2=-1)  # (L, nh, T) a + b·P_ii: the weight of each token on itself
     self_weight = diagonal.mean(-1)  # (L, nh)
     row_sum = M.sum(-1).mean(-1)  # (L, nh) every row sums to a + b = δ(1 + γ), as P's rows sum to 1
