@@ -455,13 +455,12 @@ def report(runs, each=True):
           "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
           "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
           "seed, zero spread, no attention run or a NaN loss).")
-    rows = confirmations(groups)
-    if rows:
+    cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
+             for r in confirmations(groups)]
+    if cells:
         print("\n== chosen on some seeds, judged on others: paired diff against attention on the seeds a "
               "variant was chosen\n   on (selection), on seeds no choice was made on (confirmation, "
               f"{CONFIRMATION.start}+), and on both (pooled)")
-        cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
-                 for r in rows]
         print_table(["setting", "selection", "confirmation", "pooled"], cells, left=4)
         print("   each cell: seeds, mean paired diff [95% CI], paired t-test p, seeds below attention")
     cells = [[g["setting"], str(g["n"]), "  ".join(f"{m:+.3f} ± {fmt(sd, '.3f')}" for m, sd in
