@@ -515,11 +515,10 @@ def write_csv(runs, path):
 
 def load_csv(path):
     """The runs of a table write_csv wrote, as load_run's dicts whose log is the final eval."""
-    try:
-        content = read_regular(path, 64 << 20).decode("utf-8-sig")  # a spreadsheet may put a byte-order mark
+    try:  # utf-8-sig: a spreadsheet may put a byte-order mark first
+        reader = csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8-sig")))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    reader = csv.DictReader(io.StringIO(content))
     try:
         rows = list(reader)
     except csv.Error as e:  # e.g. a cell over the csv module's cap, 131072 characters: reading stays bounded
