@@ -78,10 +78,9 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     x = torch.randint(0, DEMO["vocab_size"], (batch_size, block_size))
     baseline = memory_mib()
-    for _ in range(warmup):
-        training_step(model, opt, x)
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    for i in range(-warmup, iters):
+        if i == 0:  # the warm-up steps are over: the timed ones start
+            t0 = time.perf_counter()
         training_step(model, opt, x)
     dt = time.perf_counter() - t0
     peak_mib = None if baseline is None else memory_mib()[1] - baseline[0]  # peak now − resident before
@@ -130,11 +129,9 @@ def bench_ops(cfg):
                           "give integers like 128,256") from None
     if "triton" in cfg.impls.split(","):  # the fused kernel, checked against float64 before it is timed
         print(check_kernel("cpu", torch.float32, DEMO["n_embd"] // DEMO["n_head"]))
-    repeats = {c: [] for c in configs}
-    for _ in range(cfg.repeats):
-        for op, impl, T in configs:
-            repeats[op, impl, T].append(measure_in_subprocess(op, impl, T, cfg.batch_size, cfg.iters))
-    best = {c: best_of(rs) for c, rs in repeats.items()}
+    measured = [(c, measure_in_subprocess(*c, cfg.batch_size, cfg.iters))  # in turns: each repeat, every one
+                for _ in range(cfg.repeats) for c in configs]
+    best = {c: best_of([r for k, r in measured if k == c]) for c in configs}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, "
           f"batch {cfg.batch_size}, {cfg.iters} steps, best of {cfg.repeats}")
     print("\n".join(ops_table(best)))
@@ -247,8 +244,7 @@ def bench_sample(cfg):
             cached = model.generate(prompt, n, temperature=0)
             t1 = time.perf_counter()
             full = model.generate(prompt, n, temperature=0, use_cache=False)
-            t2 = time.perf_counter()
-            cached_s, full_s = min(cached_s, t1 - t0), min(full_s, t2 - t1)
+            cached_s, full_s = min(cached_s, t1 - t0), min(full_s, time.perf_counter() - t1)
         rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=full_s / cached_s,
                           same_tokens=torch.equal(cached, full))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, batch 1, "
