@@ -184,8 +184,7 @@ def timing(fn):
     print("| B, H, T, D | configs (fwd, bwd) | fused ms | SDPA+epilogue ms | fused / SDPA |")
     print("|---" * 5 + "|")
     for shape in TIMED_SHAPES:
-        fused = time_fwd_bwd(fn, device, dtype, shape)
-        sdpa = time_fwd_bwd(reference, device, dtype, shape)
+        fused, sdpa = (time_fwd_bwd(f, device, dtype, shape) for f in (fn, reference))
         configs = kernel.launch_configs(device, dtype, shape[-1])
         print(f"| {shape} | {configs} | {fused:.3f} | {sdpa:.3f} | {fused / sdpa:.2f} |")
 
