@@ -73,8 +73,7 @@ def atomic_write(path, write):
     """write(f) (f: a binary file) into a fresh temporary beside path, created with O_EXCL (it fails on
     anything there, a link included), then rename it over path, which must be a regular file if there."""
     refuse_unless_regular(path)
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")  # a name no one else has
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
     try:
         with open_regular(tmp, "wb") as f:
             write(f)
