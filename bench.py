@@ -78,9 +78,10 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     x = torch.randint(0, DEMO["vocab_size"], (batch_size, block_size))
     baseline = memory_mib()
-    for i in range(-warmup, iters):
-        if i == 0:  # the warm-up steps are over: the timed ones start
-            t0 = time.perf_counter()
+    for _ in range(warmup):
+        training_step(model, opt, x)
+    t0 = time.perf_counter()
+    for _ in range(iters):
         training_step(model, opt, x)
     dt = time.perf_counter() - t0
     peak_mib = None if baseline is None else memory_mib()[1] - baseline[0]  # peak now − resident before
