@@ -547,10 +547,9 @@ def prepare(corpus, out_dir="data", **options):
     input = options.pop("input", "")
     if corpus == "text" and not input:
         raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
-    # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
-    name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
-                                        else corpus)
-    check_dataset_name("name", name)
+    # default: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
+    default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input else corpus
+    name = check_dataset_name("name", options.pop("name", "") or default)
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
             "text": lambda: text_documents(input)}[corpus]()
     with preparing(out_dir, name):
