@@ -278,8 +278,7 @@ class ShardLoader:
             rng = np.random.default_rng([self.seed, self.epoch, self.shard])
             offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
             offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
-            n_windows = (len(self.tokens) - 1 - offset) // self.T
-            self.starts = offset + self.T * rng.permutation(n_windows)
+            self.starts = offset + self.T * rng.permutation((len(self.tokens) - 1 - offset) // self.T)
         if state["pos"] > len(self.starts):
             raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
                             f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "
