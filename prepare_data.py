@@ -352,7 +352,6 @@ def _init_worker(enc, val_fraction):
 
 
 def _encode_for_worker(text):
-    """One document -> (its GPT-2 tokens, whether it belongs to val), in a pool process."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
     in_val = int.from_bytes(digest, "big") / 2**64 < _worker["val_fraction"]
     return np.array(encode_gpt2_document(text, _worker["enc"]), dtype=np.uint16), in_val
