@@ -101,7 +101,7 @@ def encode_text(text, meta):
 
 
 # -----------------------------------------------------------------------------
-# corpora: each returns a list of documents (str)
+# corpora: each gives its documents (str)
 
 def pydocs_documents():
     from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
@@ -127,14 +127,12 @@ def text_documents(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    docs = []
     for file in files:
         try:
             with open_regular(file, encoding="utf-8") as f:
-                docs.append(f.read())
+                yield f.read()
         except UnicodeDecodeError:
             raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
-    return docs
 
 
 def split_documents(docs, val_fraction):
@@ -550,7 +548,7 @@ def prepare(corpus, out_dir="data", **options):
     default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input else corpus
     name = check_dataset_name("name", options.pop("name", "") or default)
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
-            "text": lambda: text_documents(input)}[corpus]()
+            "text": lambda: list(text_documents(input))}[corpus]()
     with preparing(out_dir, name):
         return prepare_documents(name, docs, out_dir, **options)
 
