@@ -148,8 +148,7 @@ def unigram_loss(data_dir, vocab_size):
     """Val loss of predicting the train split's token frequencies (add-one smoothed): the baseline to beat."""
     train, val = (sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)  # (vocab_size,)
                       for p in find_shards(data_dir, split)) for split in ("train", "val"))
-    p_train = (train + 1) / (train + 1).sum()
-    return float(-(val * np.log(p_train)).sum() / val.sum())
+    return float(-(val * np.log((train + 1) / (train + 1).sum())).sum() / val.sum())
 
 
 # -----------------------------------------------------------------------------
