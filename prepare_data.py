@@ -101,7 +101,7 @@ def encode_text(text, meta):
 
 
 # -----------------------------------------------------------------------------
-# corpora: each returns a list of documents (str)
+# corpora: each gives its documents (str)
 
 def pydocs_documents():
     from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
@@ -127,14 +127,12 @@ def text_documents(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    docs = []
     for file in files:
         try:
             with open_regular(file, encoding="utf-8") as f:
-                docs.append(f.read())
+                yield f.read()
         except UnicodeDecodeError:
             raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
-    return docs
 
 
 def split_documents(docs, val_fraction):
@@ -352,7 +350,6 @@ def _init_worker(enc, val_fraction):
 
 
 def _encode_for_worker(text):
-    """One document -> (its GPT-2 tokens, whether it belongs to val), in a pool process."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
     in_val = int.from_bytes(digest, "big") / 2**64 < _worker["val_fraction"]
     return np.array(encode_gpt2_document(text, _worker["enc"]), dtype=np.uint16), in_val
@@ -547,12 +544,11 @@ def prepare(corpus, out_dir="data", **options):
     input = options.pop("input", "")
     if corpus == "text" and not input:
         raise DataError("text needs --input=PATH: a UTF-8 text file or a folder of .txt files")
-    # the name: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
-    name = options.pop("name", "") or (os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input
-                                        else corpus)
-    check_dataset_name("name", name)
+    # default: the file's or folder's name for text (books/ -> books, moby.txt -> moby), else the corpus
+    default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0] if input else corpus
+    name = check_dataset_name("name", options.pop("name", "") or default)
     docs = {"pydocs": pydocs_documents, "shakespeare_char": shakespeare_documents,
-            "text": lambda: text_documents(input)}[corpus]()
+            "text": lambda: list(text_documents(input))}[corpus]()
     with preparing(out_dir, name):
         return prepare_documents(name, docs, out_dir, **options)
 

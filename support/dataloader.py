@@ -148,8 +148,7 @@ def unigram_loss(data_dir, vocab_size):
     """Val loss of predicting the train split's token frequencies (add-one smoothed): the baseline to beat."""
     train, val = (sum(np.bincount(read_shard(p), minlength=vocab_size).astype(np.float64)  # (vocab_size,)
                       for p in find_shards(data_dir, split)) for split in ("train", "val"))
-    p_train = (train + 1) / (train + 1).sum()
-    return float(-(val * np.log(p_train)).sum() / val.sum())
+    return float(-(val * np.log((train + 1) / (train + 1).sum())).sum() / val.sum())
 
 
 # -----------------------------------------------------------------------------
@@ -278,8 +277,7 @@ class ShardLoader:
             rng = np.random.default_rng([self.seed, self.epoch, self.shard])
             offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
             offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
-            n_windows = (len(self.tokens) - 1 - offset) // self.T
-            self.starts = offset + self.T * rng.permutation(n_windows)
+            self.starts = offset + self.T * rng.permutation((len(self.tokens) - 1 - offset) // self.T)
         if state["pos"] > len(self.starts):
             raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
                             f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "
