@@ -251,7 +251,7 @@ class GPT(nn.Module):
         saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
         try:
             config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
             raise ValueError(unfit(e)) from None
         model = cls(replace(config, **changes))  # a bad change gets GPTConfig's line: it is the caller's
         try:

@@ -557,6 +557,16 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
         GPT.from_checkpoint({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, dropout=0.1)
 
 
+@pytest.mark.parametrize("controls", [None, [1], "gamma_init"])
+def test_from_checkpoint_refuses_controls_that_are_not_a_dict_in_one_line(controls):
+    """model_args' controls are a dict of the op's settings: anything else (an edited file) gives the one-line
+    ValueError too, not an AttributeError from the checks that read it."""
+    model = GPT(tiny("mix"))
+    ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config), "controls": controls}}
+    with pytest.raises(ValueError, match=r"^the checkpoint does not fit this code \(AttributeError: "):
+        GPT.from_checkpoint(ckpt)
+
+
 @pytest.mark.parametrize("value", [None, "x", True, math.inf])
 def test_from_checkpoint_refuses_a_control_of_the_wrong_type_in_one_line(value):
     """A checkpoint whose control has the wrong type (edited, or from elsewhere) gives the one-line ValueError

@@ -221,6 +221,7 @@ WPE = "transformer.wpe.weight"
     (lambda c: c["model_args"]["controls"].update(bogus=1), "bogus is not a control of op='mix'"),
     (lambda c: c["model_args"]["controls"].update(gamma_init=None),
      "does not fit this code (ValueError: gamma_init=None is not allowed: it must be a finite number)"),
+    (lambda c: c["model_args"].update(controls=[1]), "does not fit this code (AttributeError"),
     (lambda c: c["model_args"]["controls"].update(gamma_init="x"),
      "does not fit this code (ValueError: gamma_init='x' is not allowed: it must be a finite number)"),
     (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
