@@ -36,7 +36,8 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
 
     def __post_init__(self):
-        check_config(self)  # below GPT: a ValueError that names the setting; unset controls get defaults
+        check_config(vars(self))  # below GPT: a ValueError names the setting and what is allowed
+        self.controls = {**OPS[self.op].controls, **self.controls}  # the op's controls not given: defaults
 
 
 class CausalSelfAttention(nn.Module):
@@ -262,41 +263,40 @@ class GPT(nn.Module):
 
 
 def check_config(config):
-    """GPTConfig's checks, wherever a config is made (a config file, a checkpoint, the command line): a
-    ValueError names the setting and what is allowed. The op's controls not given get their defaults."""
+    """GPTConfig's checks of config, a dict of its settings (train.py's model_args: the data's vocab_size yet
+    unknown), wherever it is made: a ValueError names the setting and what is allowed."""
     def bad(key, allowed):
-        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+        raise ValueError(f"{key}={config[key]!r} is not allowed: {allowed}")
     for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
-        if getattr(config, key) not in choices:
+        if config[key] not in choices:
             bad(key, f"choose one of {', '.join(choices)}")
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        if type(getattr(config, key)) is not int or getattr(config, key) < 1:
+        if key in config and (type(config[key]) is not int or config[key] < 1):
             bad(key, "it must be a positive integer")
-    if config.n_embd % config.n_head:
-        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
-    if not 0.0 <= config.dropout < 1.0:
+    if config["n_embd"] % config["n_head"]:
+        bad("n_embd", f"it must be divisible by n_head={config['n_head']}")
+    if not 0.0 <= config["dropout"] < 1.0:
         bad("dropout", "it must be in [0, 1)")
-    if config.impl == "triton":  # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+    if config["impl"] == "triton":  # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
         if importlib.util.find_spec("triton") is None:
             bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-        if config.dropout:
+        if config["dropout"]:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
         from kernel import HEAD_DIMS  # the kernel's own table
-        if config.n_embd // config.n_head not in HEAD_DIMS:
+        if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
             bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
-                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config.n_embd // config.n_head}; "
+                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "
                         "use impl='sdpa'")
-    Op = OPS[config.op]
-    for key, value in config.controls.items():
+    Op = OPS[config["op"]]
+    for key, value in config["controls"].items():
         if key not in Op.controls:
-            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: "
+            raise ValueError(f"{key} is not a control of op={config['op']!r} (its controls: "
                              f"{', '.join(Op.controls) or 'none'}); drop it or change op")
         if type(Op.controls[key]) is float and not (type(value) in (int, float) and math.isfinite(value)):
             raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")  # as its default
         if type(Op.controls[key]) is bool and type(value) is not bool:
             raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
-    config.controls = {**Op.controls, **config.controls}
-    Op.check(config.n_head, config.controls)
+    Op.check(config["n_head"], {**Op.controls, **config["controls"]})
 
 
 def unfit(e):
@@ -320,13 +320,13 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
     q, k, _ = attn.qkv(x)
     M = operator_matrix(q, k, *attn.op.coefficients())[0]  # (nh, T, T)
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
-    gamma, delta = (t[0, h] for t in model.gamma_delta())
+    gamma_h, delta_h = (t[0, h] for t in model.gamma_delta())  # head h's own (γ, δ)
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
-    print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma:.3f}, δ = {delta:.3f}")
+    print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma_h:.3f}, δ = {delta_h:.3f}")
     print(f"its {T}×{T} operator (row i mixes the values v_0..v_i of the positions it may see):")
     print(M[h])
     print("row sums:", M[h].sum(-1),
-          f"  (each row of δ(γI + P) sums to δ(1 + γ) = {delta * (1 + gamma):.3f})")
+          f"  (each row of δ(γI + P) sums to δ(1 + γ) = {delta_h * (1 + gamma_h):.3f})")
 
     # the convex corridor: for γ in (-1, 0), δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P)
     g, d = -0.3, 1.7

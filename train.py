@@ -15,17 +15,17 @@ import math
 import sys
 import time
 from dataclasses import asdict
-from types import SimpleNamespace
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, check_config
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
 from support.configurator import configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import compiled_and_wrapped, end_process, exit_status, peak_flops, start_process
+from support.hardware import (compiled_wrapped_and_warmed_up, end_process, exit_status, peak_flops,
+                              start_process)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -108,21 +108,21 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, model_args, meta, ckpt):
-    """The model that cfg.init_from asks for: the checkpoint's (its settings but dropout and impl, which
-    model_args sets), GPT-2's weights with the heads of model_args' op, or a new one of model_args."""
+    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its settings but
+    dropout and impl, which model_args sets), or GPT-2's weights with the heads of model_args' op."""
+    if ckpt is None and cfg.init_from == "scratch":
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's: a multiple of 64
+        return GPT(GPTConfig(**model_args, vocab_size=vocab))
     if ckpt is not None:
         model = GPT.from_checkpoint(ckpt, **{k: model_args[k] for k in settings.RESUME_MAY_CHANGE})
         settings.check_same_data(ckpt, meta, cfg.dataset)
         return model
-    if cfg.init_from != "scratch":  # GPT-2 weights, heads switched to the chosen op
-        settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
-        model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
-                                    dropout=model_args["dropout"], impl=model_args["impl"])
-        if model_args["block_size"] < model.config.block_size:
-            model.crop_block_size(model_args["block_size"])
-        return model
-    vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's padded to a multiple of 64
-    return GPT(GPTConfig(**model_args, vocab_size=vocab))
+    settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)  # GPT-2 weights, heads of the chosen op
+    model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
+                                dropout=model_args["dropout"], impl=model_args["impl"])
+    if model_args["block_size"] < model.config.block_size:
+        model.crop_block_size(model_args["block_size"])
+    return model
 
 
 class Evaluation:
@@ -143,10 +143,6 @@ class Evaluation:
             run.say(f"note: no bits per byte in this run: {e}")
         self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples, token rows
                           if cfg.hellaswag_interval else None)
-        counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
-        if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
-            run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
-                    "(context-free token frequencies)")
 
     @torch.no_grad()
     def losses(self, model):
@@ -155,12 +151,14 @@ class Evaluation:
         val_sum = 0.0
         for x, y in self.val_set.batches(cfg.batch_size):
             with run.ctx:
-                val_sum += model(x.to(run.dev), y.to(run.dev))[1].item() * y.numel()  # (the batch's mean)
+                _, loss = model(x.to(run.dev), y.to(run.dev))
+            val_sum += loss.item() * y.numel()  # (loss: the batch's mean)
         train_sum = torch.zeros((), device=run.dev)
         self.train_batches.reset()  # the same batches at every evaluation
         for _ in range(cfg.eval_iters):
             with run.ctx:
-                train_sum += model(*self.train_batches.next_batch(run.dev))[1].float()
+                _, loss = model(*self.train_batches.next_batch(run.dev))
+            train_sum += loss.float()
         model.train()
         sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64,
                             device=run.dev if run.ddp else "cpu")
@@ -170,7 +168,7 @@ class Evaluation:
         return val_total / self.val_set.count, train_total / (cfg.eval_iters * run.world_size)
 
     def __call__(self, model, iter_num, tokens):
-        """Evaluate, print and log; returns the val loss."""
+        """Evaluate, print and log; returns the val loss (NaN or inf: the loop stops the run)."""
         cfg, run = self.cfg, self.run
         val_loss, train_loss = self.losses(model)
         record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": train_loss,
@@ -187,14 +185,11 @@ class Evaluation:
         gamma, delta = model.gamma_delta()
         run.say(f"{line} | {corridor_summary(gamma, delta)}")
         run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
-        rundir.stop_if_not_finite("the validation loss", val_loss, iter_num, cfg.out_dir)
         return val_loss
 
 
-def log_train(run, out_dir, **record):
-    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...); a loss
-    that is not finite stops the run here."""
-    rundir.stop_if_not_finite("the training loss", record["loss"], record["iter"], out_dir)
+def log_train(run, **record):
+    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...)."""
     line = ("iter {iter}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}, "
             "{ms_per_iter:.1f} ms/iter, {tokens_per_s:,.0f} tok/s").format(**record)
     if record["mfu"]:
@@ -203,9 +198,13 @@ def log_train(run, out_dir, **record):
     run.log({"event": "train", **record})
 
 
-def say_what_runs(run, cfg, changed, model, tokens_per_iter):
+def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
     """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed), the
-    device, the tokens per iteration and the model's size."""
+    device, the tokens per iteration and the model's size; and the val loss of unigram frequencies."""
+    counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
+    if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
+        run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
+                "(context-free token frequencies)")
     run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
         run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
@@ -227,58 +226,54 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
         torch.distributed.barrier()
 
 
-def train(cfg, given=frozenset()):
-    # --- set-up: the checkpoint to continue, the model's settings, this process, data, model, optimizer -----
-    ckpt, kept, changed = settings.resume_from_checkpoint(cfg, given, DEFAULTS)  # (None, {}, []): a new run
-    cfg = SimpleNamespace(**{**vars(cfg), **kept})  # a resumed run goes on with its settings but those given
+def train(cfg, ckpt=None, changed=()):
+    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir ----
     model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
                       bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
-                      controls=settings.op_controls(cfg, given))  # the op's own (operators.py)
-    if ckpt is None:  # GPTConfig checks a new model's settings, before any file or device is touched
-        GPTConfig(**model_args)
-    settings.check_schedule(cfg)  # settings that only make sense together (a resumed run's too)
+                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # the op's (operators.py)
+    check_config(model_args)  # GPTConfig's checks, before any file or device is touched
     run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
     data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the other processes waiting
     meta = load_meta(data_dir)
     model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
-    settings.refuse_another_model(given, model_args, asdict(model.config), ckpt is not None)  # fixed by it
-    cfg = SimpleNamespace(**{**vars(cfg), **settings.as_settings(asdict(model.config))})  # what runs
-    if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
-        run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
+    if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
+        run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
     iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the loop's counters
     rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None)  # out_dir: its lock, log, config
-    start_iter = iter_num  # a resumed run was evaluated here before it stopped
+    first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
-    say_what_runs(run, cfg, changed, model, tokens_per_iter)
-    raw_model, model = model, compiled_and_wrapped(model, cfg, run)  # torch.compile and DDP
+    say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
+    raw_model, model = model, compiled_wrapped_and_warmed_up(model, cfg, run)  # torch.compile and DDP
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
+    peak = peak_flops(run.dev)  # the GPU's FLOP/s, for the MFU (None on CPUs)
 
     # --- the training loop ----------------------------------------------------------------------------------
-    t0, iter0 = time.time(), iter_num
+    t0, timed_from = time.time(), iter_num  # the clock, and the iteration it started at
     while True:
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-        if cfg.eval_only or (due and (iter_num > start_iter or iter_num == 0)):  # resumed: evaluated before
-            val_loss = evaluate(raw_model, iter_num, tokens)
+        if cfg.eval_only or (due and (iter_num > first_iter or iter_num == 0)):
+            val_loss = evaluate(raw_model, iter_num, tokens)  # printed and logged
+            rundir.stop_if_not_finite("the validation loss", val_loss, iter_num, cfg.out_dir)
             if run.writes and iter_num > 0:
-                latest = val_loss < best_val_loss or cfg.always_save_checkpoint
+                write_ckpt_pt = val_loss < best_val_loss or cfg.always_save_checkpoint
                 best_val_loss = min(best_val_loss, val_loss)
                 checkpoint = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                               "model_args": asdict(raw_model.config), "iter_num": iter_num,
                               "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
                               "loader": train_loader.state_dict(), "meta": meta}
-                rundir.save_checkpoint(run, checkpoint, latest)  # ckpt.pt if latest; ckpt_NNNNNN.pt if due
-            t0, iter0 = time.time(), iter_num  # keep evaluation out of the speed measurement
+                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # and ckpt_NNNNNN.pt if save_every's due
+            t0, timed_from = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break
         lr = get_lr(iter_num, cfg)
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups:  # the operators' scalars: lr × op_lr_scale
             group["lr"] = lr * group.get("lr_scale", 1.0)
         # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
         torch.manual_seed(cfg.seed + 1000003 * iter_num + run.rank)
@@ -286,8 +281,10 @@ def train(cfg, given=frozenset()):
         for micro_step in range(grad_accum):
             if run.ddp:  # sync gradients only at the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
+            X, Y = train_loader.next_batch(run.dev)
             with run.ctx:
-                loss = model(*train_loader.next_batch(run.dev))[1] / grad_accum  # the mean over micro-steps
+                logits, loss = model(X, Y)
+                loss = loss / grad_accum  # the mean over micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
@@ -299,26 +296,29 @@ def train(cfg, given=frozenset()):
         optimizer.zero_grad(set_to_none=True)
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            dt = (time.time() - t0) / (iter_num - iter0)  # seconds per iteration since the last line
-            log_train(run, cfg.out_dir, iter=iter_num, tokens=tokens, loss=loss_sum.item(), lr=lr,  # (syncs)
-                      grad_norm=grad_norm.item(), ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
-                      mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak_flops(run.dev)))
-            t0, iter0 = time.time(), iter_num
+            dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration since the last line
+            loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
+            rundir.stop_if_not_finite("the training loss", loss, iter_num, cfg.out_dir)
+            log_train(run, iter=iter_num, tokens=tokens, loss=loss, lr=lr, grad_norm=grad_norm.item(),
+                      ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
+                      mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
+            t0, timed_from = time.time(), iter_num
 
     finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # the heads' final γ and δ; the log's end
     return raw_model
 
 
 def main(argv=None):
-    cfg = None
+    args = None
     try:
-        cfg, given = parse_config(sys.argv[1:] if argv is None else argv)
-        return train(cfg, given)
+        args, given = parse_config(sys.argv[1:] if argv is None else argv)
+        return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
     except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
-        sys.exit(rundir.interrupted(cfg))  # says how to go on: resume from the checkpoint, or run it again
+        sys.exit(rundir.interrupted(args))  # says how to go on: resume from the checkpoint, or run it again
     finally:
+        rundir.unlock_run_dirs()  # however the run ended: out_dir is free again
         end_process()  # the DDP group goes at every exit, error or not
 
 

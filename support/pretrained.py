@@ -17,7 +17,8 @@ from safetensors import safe_open
 
 from support.configurator import ConfigError, read_regular, refuse_unless_regular
 
-PRETRAINED = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+PRETRAINED = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+              "gpt2-xl": (48, 25, 1600)}  # the hub's GPT-2s: n_layer, n_head, n_embd (1024 positions each)
 SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
          "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
 IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # the causal masks older versions saved
@@ -82,6 +83,16 @@ def gpt2_weights(name_or_path):
                               "be loaded")
     return dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
                 n_head=config["n_head"], n_embd=C), weights
+
+
+def gpt2_sizes(name_or_path):
+    """GPTConfig's block_size, n_layer, n_head, n_embd of a GPT-2, known before its weights are read (a hub
+    name's without a download): the settings of a run that fine-tunes it."""
+    if not os.path.isdir(name_or_path) and name_or_path in PRETRAINED:
+        return dict(zip(("n_layer", "n_head", "n_embd"), PRETRAINED[name_or_path]), block_size=1024)
+    config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
+    return dict(block_size=config["n_positions"], n_layer=config["n_layer"], n_head=config["n_head"],
+                n_embd=config["n_embd"])
 
 
 def download(name):

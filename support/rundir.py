@@ -69,6 +69,12 @@ def unlock_run_dir(out):
     lock.release()
 
 
+def unlock_run_dirs():
+    """Unlock what this process still locks, however it ends: only a killed process leaves its id behind."""
+    for out in list(_held):
+        unlock_run_dir(out)
+
+
 def atomic_write(path, write):
     """write(f) (f: a binary file) into a fresh temporary beside path, created with O_EXCL (it fails on
     anything there, a link included), then rename it over path, which must be a regular file if there."""
@@ -330,10 +336,10 @@ def start_run_dir(run, cfg, resume_iter):
              "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
 
 
-def save_checkpoint(run, checkpoint, latest):
-    """train.py's checkpoint dict as ckpt.pt when latest, and as ckpt_NNNNNN.pt when its save_every is due."""
+def save_checkpoint(run, checkpoint, write_ckpt_pt):
+    """train.py's checkpoint dict as ckpt.pt (if write_ckpt_pt), and as ckpt_NNNNNN.pt when save_every's due."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
-    paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if latest else []
+    paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if write_ckpt_pt else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
         paths.append(os.path.join(cfg["out_dir"], f"ckpt_{iter_num:06d}.pt"))
     for path in paths:

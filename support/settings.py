@@ -5,13 +5,14 @@ settings (train.py's model_args) are checked by GPTConfig.
 """
 import importlib.util
 import os
+from types import SimpleNamespace
 
 from operators import OPS, all_controls
 from support.configurator import (SEED, ConfigError, at_least, check, in_range, nonempty, one_of,
                                   optional, requires)
 from support.hardware import ddp_env, device_rule
-from support.pretrained import PRETRAINED
-from support.rundir import load_checkpoint
+from support.pretrained import PRETRAINED, gpt2_sizes
+from support.rundir import claim_run_dir, load_checkpoint
 
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
@@ -26,7 +27,8 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0),
              grad_clip=at_least(0.0), warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)),
              min_lr=at_least(0.0), op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool),
-             seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"))
+             seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"),
+             op=lambda key, value: one_of(*OPS)(key, value))  # the ops registered by now
 
 
 def check_schedule(cfg):
@@ -44,13 +46,46 @@ def check_schedule(cfg):
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
 
 
+def work_out(args, given, defaults):
+    """(cfg, ckpt, changed): the settings this run runs with, worked out once, before any device or data is
+    touched. args: train.py's settings as given (given: the keys set), defaults: train.py's. A resumed run
+    keeps its checkpoint's settings but those given (changed: what they change); a checkpoint or GPT-2 fixes
+    the model, so a model setting given that differs from it is refused, never silently ignored."""
+    ckpt, kept, changed = resume_from_checkpoint(args, given, defaults)
+    fixed, source = {}, "checkpoint"
+    if ckpt is not None:
+        saved = ckpt["model_args"]  # its op's controls each a setting of their own, as in cfg
+        controls = saved.get("controls") if isinstance(saved.get("controls"), dict) else {}  # else: damaged,
+        fixed = {**{k: v for k, v in saved.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)},
+                 **controls}  # which GPT.from_checkpoint says
+    elif args.init_from != "scratch":
+        fixed, source = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}, "pretrained model"
+        fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
+    for k in sorted(given & {*fixed, *all_controls()}):
+        if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
+            raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
+                              f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
+        if k not in fixed and ckpt is not None:
+            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed.get('op')!r}; drop it")
+        if k in fixed and getattr(args, k) != fixed[k]:
+            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {source}'s {fixed[k]!r}; its model "
+                              "is fixed, drop that setting")
+    cfg = SimpleNamespace(**{**vars(args), **kept, **fixed})
+    check_schedule(cfg)
+    return cfg, ckpt, changed
+
+
 def resume_from_checkpoint(cfg, given, defaults):
     """(ckpt, kept, changed) when this run continues out_dir's checkpoint (init_from=resume) or evaluates it
     (eval_only, no other model): the checkpoint, the settings it keeps (each not given, checked again against
-    defaults: train.py's) and what the settings given change; else (None, {}, [])."""
+    defaults) and what the settings given change; else (None, {}, []). The process that will write the run
+    locks out_dir before it reads the checkpoint, so that a second resume of one run cannot train as well."""
     if cfg.init_from != "resume" and not (cfg.eval_only and cfg.init_from == "scratch"):
         return None, {}, []
-    ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    if os.path.lexists(path) and not cfg.eval_only and ddp_env()[0] == 0:
+        claim_run_dir(cfg.out_dir, resuming=True)
+    ckpt = load_checkpoint(path)
     saved = {k: v for k, v in ckpt["config"].items() if k in vars(cfg) and k not in ("out_dir", "eval_only")}
     kept, changed = {}, []
     if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
@@ -85,28 +120,3 @@ def check_same_data(ckpt, meta, dataset):
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); {fix}")
 
-
-def op_controls(cfg, given):
-    """The controls of cfg's op as cfg sets them, and any other op's control given (GPTConfig refuses it)."""
-    chosen = OPS[cfg.op].controls if cfg.op in OPS else {}  # an unknown op: GPTConfig names it
-    return {k: getattr(cfg, k) for k in all_controls() if k in chosen or k in given}
-
-
-def as_settings(model_args):
-    """A model's settings as train.py names them: model_args (or a GPTConfig as a dict) without the data's
-    vocab_size, and the op's controls each a setting of its own."""
-    return {**{k: v for k, v in model_args.items() if k not in ("vocab_size", "controls")},
-            **model_args["controls"]}
-
-
-def refuse_another_model(given, model_args, built, resumed):
-    """A checkpoint (resumed) or GPT-2 fixes the model: a model setting given (in model_args) that differs
-    from the model built from it (built: its GPTConfig as a dict) is refused, never silently ignored."""
-    source = "checkpoint" if resumed else "pretrained model"
-    asked, fixed = as_settings(model_args), as_settings(built)
-    for k in sorted(given & asked.keys() - set(RESUME_MAY_CHANGE)):
-        if k not in fixed:
-            raise ConfigError(f"{k} is not a control of the {source}'s op={built['op']!r}; drop it")
-        if asked[k] != fixed[k]:
-            raise ConfigError(f"{k}={asked[k]!r} differs from the {source}'s {fixed[k]!r}; its model is "
-                              "fixed, drop that setting")

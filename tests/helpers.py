@@ -17,6 +17,7 @@ import tiktoken
 
 import prepare_data as pd
 import train
+from support import settings
 from support.dataloader import ShardFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py and the scripts are
@@ -36,7 +37,12 @@ def workdir(tmp_path, monkeypatch):
 
 
 def run(*args):
-    return train.train(*train.parse_config(TINY + list(args)))
+    return run_argv(TINY + list(args))
+
+
+def run_argv(argv):
+    """train.py's main() without its exit: errors are raised, as they come."""
+    return train.train(*settings.work_out(*train.parse_config(argv), train.DEFAULTS))
 
 
 def read_log(out_dir, event=None):

@@ -18,7 +18,7 @@ import torch
 
 import bench
 from support import hardware
-from support import rundir
+from support import rundir, settings
 import sample
 import train
 from support.configurator import ConfigError, check, configure
@@ -76,9 +76,9 @@ from helpers import QUICK, ROOT, finished_run, one_line_error, read_log, train_e
                                  "prepare_data.py"),
     (["--init_from=resume", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
     (["--eval_only=True", "--out_dir=out/none"], "no checkpoint at out/none/ckpt.pt"),
-    (["--init_from=gpt2"], "init_from='gpt2' needs GPT-2 tokens but dataset 'pydocs' uses the 'char' "
-                           "tokenizer; "
-                           "prepare it with --tokenizer=gpt2"),
+    (["--init_from=gpt2", "--n_layer=12", "--n_head=12", "--n_embd=768"],  # GPT-2's: the tokens come next
+     "init_from='gpt2' needs GPT-2 tokens but dataset 'pydocs' uses the 'char' tokenizer; "
+     "prepare it with --tokenizer=gpt2"),
 ])
 def test_bad_settings(workdir, args, words):
     assert words in train_error(*args)
@@ -276,10 +276,10 @@ def test_no_mps_here(workdir):
 def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
     """Resume where a checkpoint is; before the first one (or while preparing data), the same command again:
     which a run stopped before its first checkpoint accepts. eval_only writes no checkpoint: it says so."""
-    def interrupted(cfg, given):
+    def interrupted(*args):  # Ctrl-C while the set-up reads the checkpoint (or anywhere later)
         raise KeyboardInterrupt
-    real_train = train.train
-    monkeypatch.setattr(train, "train", interrupted)
+    real_work_out = settings.work_out
+    monkeypatch.setattr(settings, "work_out", interrupted)
     with pytest.raises(SystemExit) as e:
         train.main(QUICK)
     assert e.value.code == ("interrupted before any checkpoint was written (nothing is lost): run the "
@@ -297,7 +297,7 @@ def test_ctrl_c_says_how_to_continue(workdir, monkeypatch):
     os.remove("out/run/ckpt.pt")  # a run stopped at iter 1, before its first checkpoint: the same command
     open("out/run/log.jsonl", "w").write('{"event": "start", "iter": 0}\n{"event": "eval", "iter": 0}\n'
                                          '{"event": "train", "iter": 1}\n')
-    monkeypatch.setattr(train, "train", real_train)
+    monkeypatch.setattr(settings, "work_out", real_work_out)
     train.main(QUICK + ["--out_dir=out/run"])
     assert [r["event"] for r in read_log("out/run")][-1] == "done"
 

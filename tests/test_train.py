@@ -33,7 +33,7 @@ from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from support.dataloader import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
-from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, workdir, write_shard  # noqa: F401
+from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, run_argv, workdir, write_shard  # noqa: F401
 
 def weights(path):
     return torch.load(path, weights_only=True)["model"]
@@ -320,10 +320,20 @@ def test_resume_is_exact(workdir):
 
 KILL_ARGS = TINY + ["--op=mix", "--dropout=0.1", "--max_iters=12", "--eval_interval=3", "--log_interval=1"]
 # run train.py in a subprocess; KILL_IN_SAVE kills it (SIGKILL) half way through writing its second checkpoint
+# (a resume held once it has read ckpt.pt, until the file HOLD_AFTER_READ.go appears)
 RUNNER = """
-import os, signal, sys
+import os, signal, sys, time
 sys.path.insert(0, {here!r})
 import torch, train
+if os.environ.get("HOLD_AFTER_READ"):
+    real_load, hold = torch.load, os.environ["HOLD_AFTER_READ"]
+    def load(*args, **kwargs):
+        ckpt = real_load(*args, **kwargs)
+        open(hold + ".read", "w").close()
+        while not os.path.exists(hold + ".go"):
+            time.sleep(0.01)
+        return ckpt
+    torch.load = load
 if os.environ.get("KILL_IN_SAVE"):
     real_save, saves = torch.save, []
     def save(obj, f, *args, **kwargs):
@@ -382,6 +392,29 @@ def test_kill_9_at_any_moment_then_resume_is_bit_exact(workdir):
         assert evals == sorted(set(evals)) and evals[-1] == 12  # one history: no iteration logged twice
 
 
+@pytest.mark.slow
+def test_two_resumes_of_one_run_never_both_train(workdir):
+    """A resume is held just after it has read ckpt.pt while a second resume of the run starts and ends: only
+    one of them trains from that checkpoint (here the second is refused: the first holds out_dir's lock),
+    never both, the one's finished work replaced by the other's."""
+    assert train_process("out/r", "--max_iters=3").wait() == 0
+    held = train_process("out/r", "--init_from=resume", "--max_iters=6", env={"HOLD_AFTER_READ": "hold"})
+    start = time.time()
+    while not os.path.exists("hold.read") and held.poll() is None and time.time() - start < 60:
+        time.sleep(0.01)
+    assert os.path.exists("hold.read"), held.communicate()
+    other = train_process("out/r", "--init_from=resume", "--max_iters=6")
+    _, other_err = other.communicate()
+    open("hold.go", "w").close()
+    _, held_err = held.communicate()
+    assert held.returncode == 0, held_err[-2000:]
+    assert other.returncode == 1 and other_err.endswith(
+        f"error: out/r is in use by another run (process {held.pid}); wait for it to finish or choose "
+        "another --out_dir\n"), other_err[-2000:]
+    assert [r["iter"] for r in read_log("out/r", "start")] == [0, 3]  # one resume from iter 3
+    assert read_log("out/r")[-1]["event"] == "done"
+
+
 def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys):
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/e")
     files = {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")}
@@ -399,12 +432,12 @@ def test_resume_keeps_the_runs_settings_unless_given(workdir):
     run("--max_iters=2", "--eval_interval=2", "--learning_rate=1e-4", "--batch_size=2", "--seed=5",
         "--out_dir=out/k")
     # nothing else given
-    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"]))
+    run_argv(["--init_from=resume", "--max_iters=4", "--out_dir=out/k"])
     config = json.load(open("out/k/config.json"))
     assert ((config["learning_rate"], config["batch_size"], config["seed"], config["n_layer"])
             == (1e-4, 2, 5, 2))
     assert [r["tokens"] for r in read_log("out/k", "train")] == [64 * i for i in (1, 2, 3, 4)]
-    train.train(*parse_config(["--init_from=resume", "--max_iters=5", "--out_dir=out/k", "--batch_size=4"]))
+    run_argv(["--init_from=resume", "--max_iters=5", "--out_dir=out/k", "--batch_size=4"])
     assert json.load(open("out/k/config.json"))["batch_size"] == 4  # what is given wins
     assert read_log("out/k", "train")[-1]["tokens"] == 4 * 64 + 128  # tokens seen, not iter × today's batch
 
@@ -463,7 +496,7 @@ def test_a_moved_run_resumes_where_it_now_is(workdir):
     """out_dir is where the run is today, never the one in its checkpoint's settings."""
     run("--max_iters=2", "--eval_interval=2", "--out_dir=out/old")
     os.rename("out/old", "out/run")  # train.py's default out_dir
-    train.train(*parse_config(TINY + ["--max_iters=4", "--eval_interval=2", "--init_from=resume"]))
+    run_argv(TINY + ["--max_iters=4", "--eval_interval=2", "--init_from=resume"])
     assert not os.path.exists("out/old")
     assert torch.load("out/run/ckpt.pt", weights_only=True)["iter_num"] == 4
     assert json.load(open("out/run/config.json"))["out_dir"] == "out/run"
@@ -699,7 +732,7 @@ def test_a_checkpoint_saved_with_impl_auto_resumes_as_sdpa_and_says_so(workdir, 
     ckpt["config"]["impl"] = ckpt["model_args"]["impl"] = "auto"
     torch.save(ckpt, "out/old/ckpt.pt")
     capsys.readouterr()
-    train.train(*parse_config(["--init_from=resume", "--max_iters=4", "--out_dir=out/old"]))
+    run_argv(["--init_from=resume", "--max_iters=4", "--out_dir=out/old"])
     assert ("resumed with settings changed from the checkpoint's: impl='sdpa' (was 'auto', which no longer "
             "exists)") in capsys.readouterr().out
     assert json.load(open("out/old/config.json"))["impl"] == "sdpa"
