@@ -29,7 +29,7 @@ DEFAULTS = dict(
     temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,  # seeds the sampling
-    device="cpu",  # where to run: cpu, cuda, cuda:1, mps, or auto (cuda > mps > cpu)
+    device="auto",  # where to run: auto (cuda > mps > cpu, as train.py picks), cpu, cuda, cuda:1 or mps
     op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
     **all_controls(),
 )
@@ -37,7 +37,6 @@ DEFAULTS = dict(
 
 def temperature_rule(key, value):
     """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to NaN."""
-    at_least(0.0)(key, value)
     return requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001")(key, value)
 
 
@@ -60,7 +59,7 @@ def read_prompt(start):
 
 def sample(cfg, given=frozenset()):
     device = pick_device(cfg.device)[0]  # as train.py picks it
-    op_settings = sorted(given & {"op", *all_controls()})
+    op_settings = [k for k in sorted(given) if k == "op" or k in all_controls()]  # GPT-2's heads only
     if cfg.init_from == "resume":
         if op_settings:
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "

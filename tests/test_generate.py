@@ -15,6 +15,7 @@ import tiktoken
 import torch
 
 import bench
+from support.configurator import ConfigError
 from support.dataloader import DataError, gpt2_encoding
 import sample
 from model import GPT, GPTConfig
@@ -233,6 +234,16 @@ def test_sample_from_gpt2_offline_gives_the_data_preparers_error(tiny_gpt2, monk
 ])
 def test_sample_op_settings_need_gpt2_weights(args, words):
     assert one_line_error(args).startswith(words)
+
+
+def test_sample_picks_its_device_as_train_does(monkeypatch):
+    """No --device: auto, train.py's rule (cuda > mps > cpu), so that a GPU user samples on the GPU."""
+    picked = []
+    def pick_device(dev, local_rank=None):
+        picked.append(dev)
+        raise ConfigError("picked")
+    monkeypatch.setattr(sample, "pick_device", pick_device)
+    assert one_line_error([]) == "error: picked" and picked == ["auto"]
 
 
 def test_checking_a_checkpoint_does_not_start_the_compiler(tmp_path):
