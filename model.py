@@ -61,14 +61,14 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         """x: (B, T, C). cache, only while generating: this layer's keys and values of the positions before x,
-        extended here by x's ({} for the prompt; when filled, x is the one new token)."""
+        extended here by x's (none yet, {}: x is the prompt; else x is the one new token)."""
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         if cache is None:
             y = self.heads(q, k, v)  # (B, nh, T, hs)
         else:  # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every key)
-            K = torch.cat((cache["k"], k), dim=2) if cache else k  # (B, nh, t, hs) every key so far
-            V = torch.cat((cache["v"], v), dim=2) if cache else v  # (B, nh, t, hs) and value
+            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k  # (B, nh, t, hs) every key so far
+            V = torch.cat((cache["v"], v), dim=2) if "v" in cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
             y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own v only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
@@ -146,7 +146,7 @@ class GPT(nn.Module):
         """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict per layer,
         all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
-        t0 = cache[0]["k"].size(2) if cache and cache[0] else 0  # idx's first position: after the cached ones
+        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0  # idx starts after the cached positions
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
