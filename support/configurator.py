@@ -180,15 +180,13 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
         if arg.startswith("--") and "=" not in arg:
             raise ConfigError(f"argument {arg!r} must look like --key=value, with '=' and no space: "
                               f"{arg}=VALUE")
-    for arg in argv:
-        if not arg.startswith("--") and not files:
-            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
-        for key, value in (read_config_file(arg).items() if not arg.startswith("--") else []):
+    for path in [arg for arg in argv if not arg.startswith("--")]:
+        if not files:
+            raise ConfigError(f"unexpected argument {path!r}: settings look like --key=value")
+        for key, value in read_config_file(path).items():
             given[key] = check(key, value, defaults, rules)
-    for arg in argv:
-        if arg.startswith("--"):
-            key, _, text = arg[2:].partition("=")
-            given[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
+    for key, _, text in [arg[2:].partition("=") for arg in argv if arg.startswith("--")]:
+        given[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
     return SimpleNamespace(**{**defaults, **given}), set(given)
 
 
