@@ -92,7 +92,6 @@ def read_regular(path, limit):
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
 def requires(allowed, says):
-    """A rule that lets a value pass when allowed(value), else says what is allowed."""
     def rule(key, value):
         if not allowed(value):
             raise ConfigError(f"{key}={value!r} is not allowed: {says}")
@@ -149,7 +148,6 @@ def typed(key, value, kind):
 
 
 def check(key, value, defaults, rules):
-    """One setting, checked against its default's type and its rule."""
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=3)
         raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
