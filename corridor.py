@@ -403,7 +403,6 @@ def group_cells(g):
 
 
 def paired_cell(s):
-    """n, mean [CI], p, lower: one cell of the confirmation table."""
     if s["paired_mean"] is None:
         return f"{s['n_pairs']}: n/a"
     ci = "n/a" if s["ci"] is None else f"[{s['ci'][0]:+.4f}, {s['ci'][1]:+.4f}]"

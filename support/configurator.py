@@ -92,7 +92,6 @@ def read_regular(path, limit):
 # Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
 
 def requires(allowed, says):
-    """A rule that lets a value pass when allowed(value), else says what is allowed."""
     def rule(key, value):
         if not allowed(value):
             raise ConfigError(f"{key}={value!r} is not allowed: {says}")
@@ -149,7 +148,6 @@ def typed(key, value, kind):
 
 
 def check(key, value, defaults, rules):
-    """One setting, checked against its default's type and its rule."""
     if key not in defaults:
         close = difflib.get_close_matches(key, defaults, n=3)
         raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
@@ -180,15 +178,13 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
         if arg.startswith("--") and "=" not in arg:
             raise ConfigError(f"argument {arg!r} must look like --key=value, with '=' and no space: "
                               f"{arg}=VALUE")
-    for arg in argv:
-        if not arg.startswith("--") and not files:
-            raise ConfigError(f"unexpected argument {arg!r}: settings look like --key=value")
-        for key, value in (read_config_file(arg).items() if not arg.startswith("--") else []):
+    for path in [arg for arg in argv if not arg.startswith("--")]:
+        if not files:
+            raise ConfigError(f"unexpected argument {path!r}: settings look like --key=value")
+        for key, value in read_config_file(path).items():
             given[key] = check(key, value, defaults, rules)
-    for arg in argv:
-        if arg.startswith("--"):
-            key, _, text = arg[2:].partition("=")
-            given[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
+    for key, _, text in [arg[2:].partition("=") for arg in argv if arg.startswith("--")]:
+        given[key] = check(key, parse_value(text, defaults.get(key)), defaults, rules)
     return SimpleNamespace(**{**defaults, **given}), set(given)
 
 

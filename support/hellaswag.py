@@ -104,8 +104,7 @@ def score(model, rendered, batch_size, device, rank=0, world_size=1, ctx=nullcon
         tokens, mask = batch_tensors(batch)
         with ctx:
             losses = ending_losses(model, tokens.to(device), mask.to(device)).view(-1, 4)  # (examples, 4)
-        picks = losses.argmin(1).cpu()
-        correct += int((picks == torch.tensor([label for _, _, label in batch])).sum())
+        correct += int((losses.argmin(1).cpu() == torch.tensor([label for _, _, label in batch])).sum())
     model.train(training)
     counts = torch.tensor([correct, len(mine)], device=device)  # int64: exact, and every backend sums it
     if torch.distributed.is_available() and torch.distributed.is_initialized():
