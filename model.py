@@ -146,7 +146,7 @@ class GPT(nn.Module):
         """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict per layer,
         all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
         B, T = idx.size()
-        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0  # idx starts after the cached positions
+        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0  # idx: after the cached positions
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")

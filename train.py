@@ -268,7 +268,7 @@ def train(cfg, ckpt=None, changed=()):
                               "model_args": asdict(raw_model.config), "iter_num": iter_num,
                               "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
                               "loader": train_loader.state_dict(), "meta": meta}
-                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # and ckpt_NNNNNN.pt if save_every's due
+                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # ckpt.pt if so; ckpt_NNNNNN.pt if due
             t0, timed_from = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break

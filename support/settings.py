@@ -54,10 +54,10 @@ def work_out(args, given, defaults):
     ckpt, kept, changed = resume_from_checkpoint(args, given, defaults)
     fixed, source = {}, "checkpoint"
     if ckpt is not None:
-        saved = ckpt["model_args"]  # its op's controls each a setting of their own, as in cfg
-        controls = saved.get("controls") if isinstance(saved.get("controls"), dict) else {}  # else: damaged,
-        fixed = {**{k: v for k, v in saved.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)},
-                 **controls}  # which GPT.from_checkpoint says
+        saved = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
+        fixed = {k: v for k, v in saved.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
+        if isinstance(saved.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
+            fixed.update(saved["controls"])
     elif args.init_from != "scratch":
         fixed, source = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}, "pretrained model"
         fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut

@@ -33,7 +33,8 @@ from model import GPT, GPTConfig
 from operators import OPS, HeadOperator, register_op
 from support.dataloader import get_tokenizer
 from train import build_model, corridor_summary, get_lr, parse_config
-from helpers import QUICK, ROOT, TINY, char_dataset, read_log, run, run_argv, workdir, write_shard  # noqa: F401
+from helpers import (QUICK, ROOT, TINY, char_dataset, read_log, run, run_argv, workdir,  # noqa: F401
+                     write_shard)
 
 def weights(path):
     return torch.load(path, weights_only=True)["model"]
