@@ -337,7 +337,7 @@ def start_run_dir(run, cfg, resume_iter):
 
 
 def save_checkpoint(run, checkpoint, write_ckpt_pt):
-    """train.py's checkpoint dict as ckpt.pt if write_ckpt_pt, and as ckpt_NNNNNN.pt when save_every is due."""
+    """train.py's checkpoint dict as ckpt.pt if write_ckpt_pt, and as ckpt_NNNNNN.pt if save_every is due."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if write_ckpt_pt else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
