@@ -24,8 +24,7 @@ from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
 from support.configurator import configure
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import (compiled_wrapped_and_warmed_up, end_process, exit_status, peak_flops,
-                              start_process)
+from support.hardware import compiled_wrapped_warmed, end_process, exit_status, peak_flops, start_process
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -114,7 +113,7 @@ def build_model(cfg, model_args, meta, ckpt):
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's: a multiple of 64
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
     if ckpt is not None:
-        model = GPT.from_checkpoint(ckpt, **{k: model_args[k] for k in settings.RESUME_MAY_CHANGE})
+        model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
         settings.check_same_data(ckpt, meta, cfg.dataset)
         return model
     settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)  # GPT-2 weights, heads of the chosen op
@@ -250,7 +249,7 @@ def train(cfg, ckpt=None, changed=()):
     first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
-    raw_model, model = model, compiled_wrapped_and_warmed_up(model, cfg, run)  # torch.compile and DDP
+    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)  # torch.compile, DDP, a warm-up step
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
     peak = peak_flops(run.dev)  # the GPU's FLOP/s, for the MFU (None on CPUs)
 

@@ -129,7 +129,7 @@ def start_process(cfg):
     return run
 
 
-def compiled_wrapped_and_warmed_up(model, cfg, run):
+def compiled_wrapped_warmed(model, cfg, run):
     """torch.compile (None: on for CUDA, off elsewhere) and DDP; then one untimed forward and backward, whose
     gradients are dropped (no weight changes): compilation happens here, on batches shaped as the loop's."""
     if cfg.eval_only:  # evaluation runs the model as it is (the raw model: see the loop)
@@ -144,8 +144,7 @@ def compiled_wrapped_and_warmed_up(model, cfg, run):
     # compile a graph for aliased arguments, and the loop's first step would compile again)
     x = torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=run.dev)
     with run.ctx:
-        _, loss = model(x, torch.zeros_like(x))
-    loss.backward()
+        model(x, torch.zeros_like(x))[1].backward()
     model.zero_grad(set_to_none=True)
     return model
 

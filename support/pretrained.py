@@ -86,13 +86,11 @@ def gpt2_weights(name_or_path):
 
 
 def gpt2_sizes(name_or_path):
-    """GPTConfig's block_size, n_layer, n_head, n_embd of a GPT-2, known before its weights are read (a hub
-    name's without a download): the settings of a run that fine-tunes it."""
-    if not os.path.isdir(name_or_path) and name_or_path in PRETRAINED:
+    """A GPT-2's block_size, n_layer, n_head, n_embd, known before its weights are read."""
+    if not os.path.isdir(name_or_path) and name_or_path in PRETRAINED:  # a hub name: no download
         return dict(zip(("n_layer", "n_head", "n_embd"), PRETRAINED[name_or_path]), block_size=1024)
     config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
-    return dict(block_size=config["n_positions"], n_layer=config["n_layer"], n_head=config["n_head"],
-                n_embd=config["n_embd"])
+    return {"block_size": config["n_positions"], **{k: config[k] for k in ("n_layer", "n_head", "n_embd")}}
 
 
 def download(name):

@@ -1,7 +1,7 @@
 """
-train.py's settings beyond their defaults: each value's rule, the settings that only make sense together, what
-a resumed run keeps from its checkpoint, and the model settings a checkpoint or GPT-2 fixes. The model's own
-settings (train.py's model_args) are checked by GPTConfig.
+train.py's settings beyond their defaults: each value's rule, and work_out: what a resumed run keeps from its
+checkpoint, the model settings a checkpoint or GPT-2 fixes, the settings that only make sense together. The
+model's own settings (train.py's model_args) are checked by GPTConfig.
 """
 import importlib.util
 import os
@@ -31,10 +31,50 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
              op=lambda key, value: one_of(*OPS)(key, value))  # the ops registered by now
 
 
-def check_schedule(cfg):
-    """Settings that only make sense together (with the number of DDP processes too): checked before any
-    device or file is touched."""
-    world_size = ddp_env()[2]
+def work_out(args, given, defaults):
+    """(cfg, ckpt, changed): the settings that run, worked out once before any device or data is touched, from
+    args, train.py's settings as given (given: the keys set). A run of out_dir's checkpoint (resumed or
+    evaluated) keeps its settings but those given (changed: what they change); a checkpoint or GPT-2 fixes the
+    model: a model setting given that differs is refused. The writer locks out_dir before reading ckpt.pt."""
+    ckpt, kept, changed, fixed = None, {}, [], {}
+    path = os.path.join(args.out_dir, "ckpt.pt")
+    if args.init_from == "resume" or (args.eval_only and args.init_from == "scratch"):
+        if os.path.lexists(path) and not args.eval_only and ddp_env()[0] == 0:
+            claim_run_dir(args.out_dir, resuming=True)
+        ckpt = load_checkpoint(path)
+        saved = {k: v for k, v in ckpt["config"].items()
+                 if k in vars(args) and k not in ("out_dir", "eval_only")}
+        if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
+            saved["impl"] = "sdpa"
+            changed.append("impl='sdpa' (was 'auto', which no longer exists)")
+        rules = {**RULES, "init_from": nonempty}  # the folder it was fine-tuned from may have moved since
+        for k, v in saved.items():
+            if k == "init_from" or k not in given:
+                kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
+            elif getattr(args, k) != v:
+                changed.append(f"{k}={getattr(args, k)!r} (was {v!r})")
+        if not args.eval_only and ckpt["iter_num"] >= kept.get("max_iters", args.max_iters):
+            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                              "raise --max_iters to train on")
+        model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
+        fixed = {k: v for k, v in model.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
+        if isinstance(model.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
+            fixed.update(model["controls"])
+    elif args.init_from != "scratch":
+        fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}
+        fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
+    for k in sorted(given & {*fixed, *all_controls()}):
+        if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
+            raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
+                              f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
+        if k not in fixed and ckpt is not None:
+            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed.get('op')!r}; drop it")
+        if k in fixed and getattr(args, k) != fixed[k]:
+            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the "
+                              f"{'checkpoint' if ckpt else 'pretrained model'}'s {fixed[k]!r}; its model is "
+                              "fixed, drop that setting")
+    cfg = SimpleNamespace(**{**vars(args), **kept, **fixed})
+    world_size = ddp_env()[2]  # settings that only make sense together, with the number of DDP processes too
     if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
                           f"of the number of processes ({world_size})")
@@ -44,63 +84,7 @@ def check_schedule(cfg):
                               f"eval_interval={cfg.eval_interval}: it happens at evaluations")
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
-
-
-def work_out(args, given, defaults):
-    """(cfg, ckpt, changed): the settings this run runs with, worked out once, before any device or data is
-    touched. args: train.py's settings as given (given: the keys set), defaults: train.py's. A resumed run
-    keeps its checkpoint's settings but those given (changed: what they change); a checkpoint or GPT-2 fixes
-    the model, so a model setting given that differs from it is refused, never silently ignored."""
-    ckpt, kept, changed = resume_from_checkpoint(args, given, defaults)
-    fixed, source = {}, "checkpoint"
-    if ckpt is not None:
-        saved = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
-        fixed = {k: v for k, v in saved.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
-        if isinstance(saved.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
-            fixed.update(saved["controls"])
-    elif args.init_from != "scratch":
-        fixed, source = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}, "pretrained model"
-        fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
-    for k in sorted(given & {*fixed, *all_controls()}):
-        if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
-            raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
-                              f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
-        if k not in fixed and ckpt is not None:
-            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed.get('op')!r}; drop it")
-        if k in fixed and getattr(args, k) != fixed[k]:
-            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {source}'s {fixed[k]!r}; its model "
-                              "is fixed, drop that setting")
-    cfg = SimpleNamespace(**{**vars(args), **kept, **fixed})
-    check_schedule(cfg)
     return cfg, ckpt, changed
-
-
-def resume_from_checkpoint(cfg, given, defaults):
-    """(ckpt, kept, changed) when this run continues out_dir's checkpoint (init_from=resume) or evaluates it
-    (eval_only, no other model): the checkpoint, the settings it keeps (each not given, checked again against
-    defaults) and what the settings given change; else (None, {}, []). The process that will write the run
-    locks out_dir before it reads the checkpoint, so that a second resume of one run cannot train as well."""
-    if cfg.init_from != "resume" and not (cfg.eval_only and cfg.init_from == "scratch"):
-        return None, {}, []
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if os.path.lexists(path) and not cfg.eval_only and ddp_env()[0] == 0:
-        claim_run_dir(cfg.out_dir, resuming=True)
-    ckpt = load_checkpoint(path)
-    saved = {k: v for k, v in ckpt["config"].items() if k in vars(cfg) and k not in ("out_dir", "eval_only")}
-    kept, changed = {}, []
-    if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
-        saved["impl"] = "sdpa"
-        changed.append("impl='sdpa' (was 'auto', which no longer exists)")
-    rules = {**RULES, "init_from": nonempty}  # the local folder it was fine-tuned from may have moved since
-    for k, v in saved.items():
-        if k == "init_from" or k not in given:
-            kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
-        elif getattr(cfg, k) != v:
-            changed.append(f"{k}={getattr(cfg, k)!r} (was {v!r})")
-    if not cfg.eval_only and ckpt["iter_num"] >= kept.get("max_iters", cfg.max_iters):
-        raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
-                          "raise --max_iters to train on")
-    return ckpt, kept, changed
 
 
 def check_gpt2_tokens(init_from, dataset, meta):
