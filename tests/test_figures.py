@@ -200,7 +200,8 @@ def test_corridor_curve_of_a_diverged_run_is_drawn_from_the_finite_ones(tmp_path
     figure is drawn and written, its γ axis spans the finite points, and the finite run's points are where
     they were."""
     diverged = [{"label": "nan", "n": 1, "layer_gamma": [math.nan, -0.2, -0.3], "layer_std": [math.nan] * 3},
-                {"label": "inf", "n": 2, "layer_gamma": [math.inf, -math.inf, -0.4], "layer_std": [math.inf] * 3}]
+                {"label": "inf", "n": 2, "layer_gamma": [math.inf, -math.inf, -0.4],
+                 "layer_std": [math.inf] * 3}]
     curve = {"curves": [{**CURVE["curves"][0], "mean": [0.01, math.nan, 0.0, 0.04]}],
              "learned": CURVE["learned"] + diverged}
     fig = figures.corridor_curve(curve)
