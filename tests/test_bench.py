@@ -198,7 +198,8 @@ def test_ops_checks_the_kernel_in_the_dtype_and_head_size_it_then_times(clock, m
     monkeypatch.setattr(bench, "check_kernel", check)
     monkeypatch.setattr(bench, "training_step", step)
     monkeypatch.setattr(bench, "measure_in_subprocess", bench.measure)
-    bench.main(["--ops=mix", "--impls=triton", "--block_sizes=8", "--batch_size=1", "--iters=2", "--repeats=1"])
+    bench.main(["--ops=mix", "--impls=triton", "--block_sizes=8", "--batch_size=1", "--iters=2",
+                "--repeats=1"])
     assert events[0] == ("check", "cpu", torch.float32, 32)
     assert events[1:] == [("time", "cpu", torch.float32, 32)] * (3 + 2)  # warm-up and timed steps
 

@@ -328,9 +328,9 @@ def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
 
 
 @pytest.mark.parametrize("cause", [
-    "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported "
-    "at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
-    "CUDA_LAUNCH_BLOCKING=1",
+    "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider "
+    "passing CUDA_LAUNCH_BLOCKING=1",
     "at 42:8:\n    acc = tl.dot(p, v, acc)\n          ^\nincompatible types in dot",  # a Triton compile error
 ])
 def test_check_kernels_line_names_the_first_line_of_an_error_of_several(monkeypatch, cause):
