@@ -195,6 +195,7 @@ def test_corridor_curve_layer_axis_covers_the_deepest_learned_run():
         assert list(line.get_ydata()) == pytest.approx([i + 1 + offset for i in range(len(gamma))]), name
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # matplotlib's inf − inf
 def test_corridor_curve_of_a_diverged_run_is_drawn_from_the_finite_ones(tmp_path):
     """A learned run whose γ became NaN, one whose γ became inf, a fixed γ whose runs diverged (mean NaN): the
     figure is drawn and written, its γ axis spans the finite points, and the finite run's points are where
