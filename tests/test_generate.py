@@ -1,5 +1,6 @@
 """
-The KV-cache GPT.generate, bench.py --what=sample and sample.py --init_from=gpt2.
+The KV-cache GPT.generate, bench.py --what=sample, sample.py --init_from=gpt2 and its temperatures, and a run
+trained with the fused kernel sampled where triton is missing.
 
 The reference is nanoGPT's generate, written here again: a full forward over the whole (cropped) context for
 every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op
