@@ -288,11 +288,12 @@ WITHOUT_TRITON = """if 1:
 
 @pytest.mark.slow
 def test_a_run_trained_with_the_kernel_samples_and_draws_where_triton_is_missing(workdir):
-    """A run trained with impl=triton (here in the interpreter), handed to a machine without triton and
+    """A run trained with impl=triton (on a CPU in the interpreter), handed to a machine without triton and
     without TRITON_INTERPRET: sample.py and corridor.py --text, run as a user runs them, use SDPA."""
     pytest.importorskip("triton")
     char_dataset("tiny", CHARS)
-    train.main(QUICK + ["--impl=triton", "--dataset=tiny", "--val_tokens=64", "--out_dir=run"])
+    on = ["--device=cuda"] if torch.cuda.is_available() else []  # the kernel on a GPU, else the interpreter
+    train.main(QUICK + ["--impl=triton", "--dataset=tiny", "--val_tokens=64", "--out_dir=run", *on])
     assert torch.load("run/ckpt.pt", weights_only=True)["model_args"]["impl"] == "triton"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
