@@ -108,7 +108,7 @@ def join_group(run):
     try:
         torch.distributed.init_process_group(backend, rank=run.rank, world_size=run.world_size,
                                              device_id=device_id)
-    except (RuntimeError, ValueError, OSError) as e:  # torch.distributed's errors subclass these
+    except RuntimeError as e:  # torch.distributed's errors (DistError) subclass it
         raise ConfigError(f"the DDP process group could not start ({why(e)}); check MASTER_ADDR, choose a "
                           "free MASTER_PORT and, on CPUs, check GLOO_SOCKET_IFNAME (a network interface "
                           "here)") from None

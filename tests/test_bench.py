@@ -179,6 +179,30 @@ def test_ops_ratios_divide_by_attention_at_the_same_block_size_or_say_there_is_n
                                          "| mix | materialized | 256 | 1,234 | - | 50.0 | - |"]
 
 
+def test_ops_checks_the_kernel_in_the_dtype_and_head_size_it_then_times(clock, monkeypatch):
+    """impl=triton: before any timing, the fused kernel is checked against float64 on the device, in the
+    dtype (float32, no autocast) and at the head size of the steps then timed. The measurement processes run
+    here; each fake step notes what it computes in."""
+    pytest.importorskip("triton")  # the demo model with impl=triton imports kernel.py
+    events = []
+
+    def check(device, dtype, head_size):
+        events.append(("check", str(device), dtype, head_size))
+        return "kernel check: passed"
+
+    def step(model, opt, x):
+        weights = next(model.parameters())
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weights.dtype
+        events.append(("time", weights.device.type, dtype, model.config.n_embd // model.config.n_head))
+        clock.now += 1.0
+    monkeypatch.setattr(bench, "check_kernel", check)
+    monkeypatch.setattr(bench, "training_step", step)
+    monkeypatch.setattr(bench, "measure_in_subprocess", bench.measure)
+    bench.main(["--ops=mix", "--impls=triton", "--block_sizes=8", "--batch_size=1", "--iters=2",
+                "--repeats=1"])
+    assert events[0] == ("check", "cpu", torch.float32, 32)
+    assert events[1:] == [("time", "cpu", torch.float32, 32)] * (3 + 2)  # warm-up and timed steps
+
 @pytest.mark.slow
 def test_runs_from_any_working_directory(tmp_path):
     """`python /path/to/bench.py` from elsewhere: its measurement processes import the bench.py and model.py

@@ -746,6 +746,43 @@ def test_corridor_curve_png(tmp_path, capsys):
     assert corridor.curve_data(corridor.compare(runs)["groups"])["curves"] == []
 
 
+def band_at(ax, gamma):
+    """The confidence band drawn at γ (fill_between's polygon read back): (its lowest y, its highest y)."""
+    from matplotlib.collections import PolyCollection
+    (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    ys = [y for path in band.get_paths() for x, y in path.vertices if x == gamma]
+    return min(ys), max(ys)
+
+
+def test_corridor_curve_band_is_the_ci_printed_for_its_setting(tmp_path, capsys, written):
+    """The band at γ = −0.5 spans the 95% CI that the seed-groups table prints for that setting (fixed_s*),
+    below the mean and above it; the point is its printed paired difference."""
+    assert corridor.main(curve_runs(tmp_path) + [f"--out={tmp_path / 'figs'}"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   fixed ")]
+    mean, lo, hi = (float(x) for x in re.search(r"([-+]\d\.\d{4}) ± \S+ \[(\S+), (\S+)\]", row).groups())
+    ax = written["corridor_curve.png"].axes[0]
+    assert band_at(ax, -0.5) == pytest.approx((lo, hi), abs=5e-5) and lo < mean < hi
+    (points,) = [c for c in ax.containers if -0.5 in c.lines[0].get_xdata()]
+    assert points.lines[0].get_ydata()[0] == pytest.approx(mean, abs=5e-5)
+
+
+def test_a_diverged_run_on_the_corridor_curve_leaves_the_finite_ones_drawn(tmp_path, capsys, written):
+    """Learned runs whose log's final γ became NaN, or inf (each a setting of its own), and a fixed γ whose
+    run diverged: corridor.py still draws and writes every figure, from the finite runs."""
+    nan, inf = float("nan"), float("inf")
+    diverged = [make_run(tmp_path, name, val=(3.0, nan), learning_rate=lr, gamma=[[g] * 4, [-0.5] * 4],
+                         delta=[[1.0] * 4] * 2)
+                for name, lr, g in (("hot_s0", 1.0, nan), ("hotter_s0", 2.0, inf))]
+    diverged.append(make_run(tmp_path, "far_s0", val=(3.0, nan), gamma_init=-0.7, learn_gamma=False,
+                             learn_delta=False, gamma=[[nan] * 4] * 2, delta=[[1.0] * 4] * 2))
+    assert corridor.main(curve_runs(tmp_path) + diverged + [f"--out={tmp_path / 'figs'}"]) == 0
+    assert "corridor_curve.png" in os.listdir(tmp_path / "figs")
+    ax, low = written["corridor_curve.png"].axes
+    assert ax.get_xlim() == pytest.approx((-1.0 - 0.08, 0.3 + 0.08))  # the corridor and the finite points
+    (mix,) = [c for c in low.containers if c.get_label() == "learned mix (2 seeds)"]
+    assert list(mix.lines[0].get_xdata()) == pytest.approx([-0.4, -0.1])  # the finite setting, as before
+
+
 def test_figures_of_a_run_named_like_a_formula_are_written(tmp_path, capsys):
     """matplotlib would read $name_$ in the titles and the legend as a formula, and fail on it."""
     dirs = [make_run(tmp_path, "$name_$seed_s5", seed=5, **TWO_LAYERS)] + curve_runs(tmp_path)
@@ -1001,6 +1038,18 @@ def drawn(monkeypatch):
     yield kept
     figures.plt.close("all")
 
+
+@pytest.fixture
+def written(monkeypatch):
+    """The figures corridor.py draws, by file name: kept, and written as it writes them."""
+    from support import figures
+    kept, save = {}, figures.save
+
+    def keep(fig, path):
+        kept[os.path.basename(path)] = fig
+        return save(fig, path)
+    monkeypatch.setattr(figures, "save", keep)
+    return kept
 
 def panels(fig):
     """The heads' panels (the colour bar has no image), row by row, and their matrices: (panels, T, T)."""

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("matplotlib")
 from support import figures  # noqa: E402
 from support.figures import plt  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 
@@ -159,3 +160,55 @@ def test_save_writes_a_png_and_frees_the_figure(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert fig.number not in plt.get_fignums()  # closed: many figures in one process do not pile up
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.png"]  # no temporary left beside it
+
+
+def band_by_gamma(ax):
+    """The confidence band (fill_between's PolyCollection) read back: {γ: (its lowest y, its highest y)}."""
+    (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    ends = {}
+    for x, y in (v for path in band.get_paths() for v in path.vertices):
+        low, high = ends.get(float(x), (math.inf, -math.inf))
+        ends[float(x)] = (min(low, float(y)), max(high, float(y)))
+    return ends
+
+
+def test_corridor_curve_band_spans_the_interval_below_and_above_the_mean():
+    ax = figures.corridor_curve(CURVE).axes[0]
+    ends = band_by_gamma(ax)
+    assert sorted(ends) == [-0.5, -0.3, 0.0]  # γ = 0.3 has one seed: no interval, no band there
+    assert ends[-0.5] == pytest.approx((-0.01, 0.03)) and ends[-0.3] == pytest.approx((-0.03, -0.01))
+    assert ends[0.0] == (0.0, 0.0)  # attention: 0 by definition
+
+
+def test_corridor_curve_layer_axis_covers_the_deepest_learned_run():
+    """Learned runs of 2, 4 and 3 layers on one figure: layers 1 to 4 are labelled, and each run's points sit
+    at its own layers (side by side), its γ per layer as given."""
+    depths = {"two": [-0.1, -0.2], "four": [-0.3, -0.4, -0.5, -0.6], "three": [-0.7, -0.8, -0.9]}
+    learned = [{"label": name, "n": 2, "layer_gamma": g, "layer_std": [0.01] * len(g)}
+               for name, g in depths.items()]
+    low = figures.corridor_curve({**CURVE, "learned": learned}).axes[1]
+    assert [t.get_text() for t in low.get_yticklabels()] == ["layer 1", "layer 2", "layer 3", "layer 4"]
+    assert low.get_ylim() == pytest.approx((4.6, 0.4))  # every layer in view, layer 1 on top
+    for (name, gamma), points, offset in zip(depths.items(), low.containers, (-0.2, 0.0, 0.2)):
+        line = points.lines[0]
+        assert list(line.get_xdata()) == gamma, name
+        assert list(line.get_ydata()) == pytest.approx([i + 1 + offset for i in range(len(gamma))]), name
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # matplotlib's inf − inf
+def test_corridor_curve_of_a_diverged_run_is_drawn_from_the_finite_ones(tmp_path):
+    """A learned run whose γ became NaN, one whose γ became inf, a fixed γ whose runs diverged (mean NaN): the
+    figure is drawn and written, its γ axis spans the finite points, and the finite run's points are where
+    they were."""
+    diverged = [{"label": "nan", "n": 1, "layer_gamma": [math.nan, -0.2, -0.3], "layer_std": [math.nan] * 3},
+                {"label": "inf", "n": 2, "layer_gamma": [math.inf, -math.inf, -0.4],
+                 "layer_std": [math.inf] * 3}]
+    curve = {"curves": [{**CURVE["curves"][0], "mean": [0.01, math.nan, 0.0, 0.04]}],
+             "learned": CURVE["learned"] + diverged}
+    fig = figures.corridor_curve(curve)
+    ax, low = fig.axes
+    assert ax.get_xlim() == pytest.approx((-1.2 - 0.08, 0.3 + 0.08))  # the finite points only
+    assert list(low.containers[0].lines[0].get_xdata()) == [-0.1, -1.2, -0.3]  # the finite run, as before
+    path = str(tmp_path / "corridor_curve.png")
+    assert figures.save(fig, path) == path  # drawn, laid out and written
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

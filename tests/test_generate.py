@@ -1,5 +1,6 @@
 """
-The KV-cache GPT.generate, bench.py --what=sample and sample.py --init_from=gpt2.
+The KV-cache GPT.generate, bench.py --what=sample, sample.py --init_from=gpt2 and its temperatures, and a run
+trained with the fused kernel sampled where triton is missing.
 
 The reference is nanoGPT's generate, written here again: a full forward over the whole (cropped) context for
 every new token. Cached generation must pick the same tokens from the same logits, in float64, for every op
@@ -8,6 +9,9 @@ GPT-2 is a random tiny one saved locally and tiktoken's GPT-2 BPE is replaced by
 
     python -m pytest -q tests/test_generate.py
 """
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -18,6 +22,8 @@ import bench
 from support.configurator import ConfigError
 from support.dataloader import DataError, gpt2_encoding
 import sample
+import train
+from helpers import QUICK, ROOT, char_dataset, workdir  # noqa: F401 (a fixture)
 from model import GPT, GPTConfig
 
 BLOCK = 16
@@ -210,6 +216,23 @@ def test_sample_from_gpt2_weights_continues_as_gpt2_does(tiny_gpt2):
         "error: op='softmax' is not allowed: choose one of")
 
 
+def test_temperature_takes_its_documented_least_value_and_refuses_below_it(tiny_gpt2):
+    """0.001, the least temperature sample.py takes, samples (so sharp a distribution draws the greedy
+    tokens); 0.0009 is refused by the one line that names the rule; 0 is greedy, whatever the seed."""
+    hf, path, enc = tiny_gpt2
+    idx = torch.tensor([enc.encode("Hello")])
+    with torch.no_grad():
+        for _ in range(10):  # greedy, with transformers' own model
+            idx = torch.cat((idx, hf(idx).logits[:, -1, :].argmax(-1, keepdim=True)), dim=1)
+    args = [f"--init_from={path}", "--start=Hello", "--num_samples=2", "--max_new_tokens=10"]
+    greedy = [enc.decode(idx[0].tolist())] * 2
+    assert sample.main(args + ["--temperature=0", "--seed=1"]) == sample.main(args + ["--temperature=0"]) \
+        == greedy
+    assert sample.main(args + ["--temperature=0.001"]) == greedy
+    assert one_line_error(args + ["--temperature=0.0009"]) == (
+        "error: temperature=0.0009 is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
+
+
 @pytest.mark.parametrize("start", ['"a\\nb"', "a\\nb", "'x'"])
 def test_the_prompt_is_taken_as_typed(tiny_gpt2, start):
     """--start is text: its quotes and backslashes stay (no Python literal is read in it)."""
@@ -249,9 +272,6 @@ def test_sample_picks_its_device_as_train_does(monkeypatch):
 def test_checking_a_checkpoint_does_not_start_the_compiler(tmp_path):
     """sample.py's start-up: building the model and checking the checkpoint's weights against it never
     imports torch._dynamo (about 2 s of CPU)."""
-    import subprocess
-    import sys
-    from helpers import ROOT
     config = GPTConfig(block_size=BLOCK, vocab_size=32, n_layer=2, n_head=4, n_embd=64)
     torch.save({"model": GPT(config).state_dict(), "model_args": vars(config)}, tmp_path / "ckpt.pt")
     code = ("import sys, torch; from model import GPT; import support.rundir; "
@@ -260,3 +280,41 @@ def test_checking_a_checkpoint_does_not_start_the_compiler(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
+
+
+CHARS = "abcdefghij ()=:\n"  # the tiny run's char vocabulary
+
+
+# --- a run trained with the fused kernel, sampled where triton is missing -----------------------------------
+
+# Runs a script (argv[1], then its arguments) as `python script ...` does, in a Python where triton cannot be
+# imported, as on a laptop without it: `import triton` fails and importlib finds no triton package.
+WITHOUT_TRITON = """if 1:
+    import os, runpy, sys
+    sys.modules["triton"] = None
+    script = sys.argv.pop(1)
+    sys.argv[0], sys.path[0] = script, os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")"""
+
+
+@pytest.mark.slow
+def test_a_run_trained_with_the_kernel_samples_and_draws_where_triton_is_missing(workdir):
+    """A run trained with impl=triton (on a CPU in the interpreter), handed to a machine without triton and
+    without TRITON_INTERPRET: sample.py and corridor.py --text, run as a user runs them, use SDPA."""
+    pytest.importorskip("triton")
+    char_dataset("tiny", CHARS)
+    on = ["--device=cuda"] if torch.cuda.is_available() else []  # the kernel on a GPU, else the interpreter
+    train.main(QUICK + ["--impl=triton", "--dataset=tiny", "--val_tokens=64", "--out_dir=run", *on])
+    assert torch.load("run/ckpt.pt", weights_only=True)["model_args"]["impl"] == "triton"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+    def user_runs(script, *args):
+        return subprocess.run([sys.executable, "-c", WITHOUT_TRITON, os.path.join(ROOT, script), *args],
+                              capture_output=True, text=True, env=env, timeout=300)
+    args = ["--out_dir=run", "--start=if a", "--num_samples=2", "--max_new_tokens=12"]
+    p = user_runs("sample.py", *args)
+    assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
+    assert p.stdout == "".join(t + "\n---------------\n" for t in sample.main(args))  # the SDPA model's
+    p = user_runs("corridor.py", "run", "--text=if a(b): c", "--out=figs")
+    assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
+    assert open("figs/operators.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """
-Tests for hardware.py: keeping freed memory on glibc.
+Tests for hardware.py: keeping freed memory on glibc, the peak FLOP/s of a GPU, the DDP start's one line.
 
     python -m pytest -q tests/test_hardware.py
 """
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from helpers import ROOT
-from support.hardware import peak_flops
+from support.configurator import ConfigError
+from support.hardware import Run, join_group, peak_flops
 
 
 # In a fresh process, 128 MiB in 8 MiB blocks (the size of a step's activations) are written and freed, after
@@ -112,3 +113,20 @@ def test_peak_flops_by_gpu_name(monkeypatch, name, flops):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops(torch.device("cuda")) == peak_flops("cuda:1") == flops  # a device or its name
     assert peak_flops(torch.device("cpu")) is None
+
+
+def test_an_nccl_error_at_the_start_of_the_group_is_one_line(monkeypatch):
+    """On GPUs the group binds NCCL to this process's GPU at once: its errors (DistBackendError, a
+    RuntimeError, often of several lines) come out of join_group as one line naming the first."""
+    cause = ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error\nncclUnhandledCudaError: Call "
+             "to CUDA function failed.\nLast error:\nCuda failure 'out of memory'")
+
+    def nccl_fails(*args, **kwargs):
+        raise torch.distributed.DistBackendError(cause)
+    monkeypatch.setattr(torch.distributed, "init_process_group", nccl_fails)
+    with pytest.raises(ConfigError) as e:
+        join_group(Run(rank=1, local_rank=1, world_size=2, dev="cuda:1", dtype="float32"))
+    assert str(e.value) == ("the DDP process group could not start (DistBackendError: NCCL error in: "
+                            "ProcessGroupNCCL.cpp:1970, unhandled cuda error); check MASTER_ADDR, choose a "
+                            "free MASTER_PORT and, on CPUs, check GLOO_SOCKET_IFNAME (a network interface "
+                            "here)")

@@ -5,6 +5,7 @@ and settings given on resume. Each must give one line and touch nothing outside 
 
     python -m pytest -q tests/test_hostile_run.py
 """
+import copy
 import json
 import os
 import socket
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import corridor
+from model import GPT
 from support import hardware
 from support import rundir
 import sample
@@ -232,6 +234,47 @@ def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finishe
     line = one_line_error(sample.main, [f"--out_dir={finished_run}"])
     assert words in line
     assert train_error(f"--out_dir={finished_run}", *RESUME) == line  # one check, shared
+
+
+@pytest.mark.slow
+def test_a_weight_vector_not_finite_is_refused_as_a_matrix_is(workdir):
+    """One NaN or inf in a vector of the weights (a bias, a LayerNorm's weight, a frozen γ or δ) is refused by
+    the line that refuses one in a matrix, in sample.py and in train.py alike."""
+    train.main(QUICK + ["--learn_gamma=False", "--learn_delta=False", "--out_dir=out/frozen"])
+    saved = torch.load("out/frozen/ckpt.pt", weights_only=True)
+    frozen = dict(GPT.from_checkpoint(saved).named_buffers())
+    assert {"transformer.h.0.attn.op.gamma", "transformer.h.0.attn.op.delta"} <= set(frozen)
+    for key, value in [("transformer.h.0.attn.c_attn.bias", float("nan")),
+                       ("transformer.ln_f.weight", float("inf")),  # a LayerNorm's
+                       ("transformer.h.0.attn.op.gamma", float("nan")),
+                       ("transformer.h.0.attn.op.delta", -float("inf"))]:
+        ckpt = copy.deepcopy(saved)
+        ckpt["model"][key][0] = value  # one entry of the vector
+        torch.save(ckpt, "out/frozen/ckpt.pt")
+        line = one_line_error(sample.main, ["--out_dir=out/frozen"])
+        assert line == (f"error: the checkpoint's weights are not finite (NaN or inf in {key}); use an "
+                        "earlier checkpoint of the run"), key
+        assert train_error("--out_dir=out/frozen", *RESUME) == line, key
+
+
+@pytest.mark.slow
+def test_the_optimizer_state_of_the_last_parameter_is_taken_and_one_past_it_refused(finished_run):
+    """AdamW's state is keyed by each parameter's place in the groups: the entry of the last one is taken, and
+    an entry one past it (a copy of the last) is refused by the loader's line, not an IndexError later."""
+    ckpt = torch.load(f"{finished_run}/ckpt.pt", weights_only=True)
+    last = sum(len(g["params"]) for g in ckpt["optimizer"]["param_groups"]) - 1
+    assert sorted(ckpt["optimizer"]["state"]) == list(range(last + 1))  # every parameter has its entry
+
+    def one_past(ckpt):
+        state = ckpt["optimizer"]["state"]
+        state[last + 1] = state[last]
+    edit_checkpoint(finished_run, one_past)
+    assert train_error(f"--out_dir={finished_run}", *RESUME).startswith(
+        "error: the checkpoint's optimizer state does not fit this model (the entry of parameter "
+        f"{last + 1} must hold")
+    edit_checkpoint(finished_run, lambda ckpt: ckpt["optimizer"]["state"].pop(last + 1))
+    train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # up to the last parameter's entry: taken
+    assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
 
 
 @pytest.mark.parametrize("entry, value", [("iter_num", -1), ("tokens", -64), ("best_val_loss", float("nan"))])

@@ -327,6 +327,22 @@ def test_check_kernel_refuses_where_the_kernel_cannot_run(monkeypatch):
         "this is sm_75; use impl=sdpa")
 
 
+@pytest.mark.parametrize("cause", [
+    "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider "
+    "passing CUDA_LAUNCH_BLOCKING=1",
+    "at 42:8:\n    acc = tl.dot(p, v, acc)\n          ^\nincompatible types in dot",  # a Triton compile error
+])
+def test_check_kernels_line_names_the_first_line_of_an_error_of_several(monkeypatch, cause):
+    """The error under a refusal may span several lines: the refusal stays one line, naming the error's type
+    and its first line."""
+    def failing(*args, **kwargs):
+        raise RuntimeError(cause)
+    monkeypatch.setattr(kernel, "mix_attention", failing)
+    first = cause.splitlines()[0]
+    assert check_kernel_refuses(DEVICE, torch.float32, 16).endswith(
+        f"float32, head size 16: RuntimeError: {first.rstrip('.')}; use impl=sdpa")
+
 def test_kernel_check_loads_no_triton():
     """Importing kernel_check loads no triton: train.py pays nothing for it, and the gate can still choose the
     interpreter (triton reads TRITON_INTERPRET when it loads)."""
