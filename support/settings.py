@@ -61,7 +61,7 @@ def work_out(args, given, defaults):
         if isinstance(model.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
             fixed.update(model["controls"])
     elif args.init_from != "scratch":
-        fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}
+        kept = fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}  # GPT-2's settings run
         fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
     for k in sorted(given & {*fixed, *all_controls()}):
         if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
@@ -73,7 +73,7 @@ def work_out(args, given, defaults):
             raise ConfigError(f"{k}={getattr(args, k)!r} differs from the "
                               f"{'checkpoint' if ckpt else 'pretrained model'}'s {fixed[k]!r}; its model is "
                               "fixed, drop that setting")
-    cfg = SimpleNamespace(**{**vars(args), **kept, **fixed})
+    cfg = SimpleNamespace(**{**vars(args), **kept})
     world_size = ddp_env()[2]  # settings that only make sense together, with the number of DDP processes too
     if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "

@@ -688,7 +688,7 @@ def test_dataset_without_meta_json(workdir):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--temperature=-1"], "temperature=-1.0 is not allowed: it must be ≥ 0.0"),
+    (["--temperature=-1"], "temperature=-1.0 is not allowed: give 0 (greedy) or a temperature ≥ 0.001"),
     (["--top_k=0"], "top_k=0 is not allowed: it must be ≥ 1"),
     (["--device=gpu"], "device='gpu' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
     (["--device=meta"], "device='meta' is not allowed: use auto, cpu, mps, cuda or cuda:N"),
