@@ -296,9 +296,9 @@ def train(cfg, ckpt=None, changed=()):
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
             dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration since the last line
-            loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
-            rundir.stop_if_not_finite("the training loss", loss, iter_num, cfg.out_dir)
-            log_train(run, iter=iter_num, tokens=tokens, loss=loss, lr=lr, grad_norm=grad_norm.item(),
+            mean_loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
+            rundir.stop_if_not_finite("the training loss", mean_loss, iter_num, cfg.out_dir)
+            log_train(run, iter=iter_num, tokens=tokens, loss=mean_loss, lr=lr, grad_norm=grad_norm.item(),
                       ms_per_iter=dt * 1000, tokens_per_s=tokens_per_iter / dt,
                       mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
             t0, timed_from = time.time(), iter_num

@@ -37,8 +37,8 @@ def work_out(args, given, defaults):
     evaluated) keeps its settings but those given (changed: what they change); a checkpoint or GPT-2 fixes the
     model: a model setting given that differs is refused. The writer locks out_dir before reading ckpt.pt."""
     ckpt, kept, changed, fixed = None, {}, [], {}
-    path = os.path.join(args.out_dir, "ckpt.pt")
     if args.init_from == "resume" or (args.eval_only and args.init_from == "scratch"):
+        path = os.path.join(args.out_dir, "ckpt.pt")
         if os.path.lexists(path) and not args.eval_only and ddp_env()[0] == 0:
             claim_run_dir(args.out_dir, resuming=True)
         ckpt = load_checkpoint(path)
