@@ -7,7 +7,8 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
 
 Each head applies δ(γI + P) to its values; the paper claims most heads beyond layer 1 learn γ ∈ (−1, 0), the
 "convex corridor". Prints each run's losses and final γ and δ, then for runs that differ only in seed, paired
-statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+). Writes PNG
+statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+); a resume's
+changes are named, and a changed seed pairs a run under the seed its initial weights came from. Writes PNG
 figures (with fixed-γ runs, corridor_curve.png: val loss against γ, δ = 1) and with --csv one row per run.
 With --text, loads the run's checkpoint and draws what each head applies on that text (operators.png).
 """
@@ -94,6 +95,8 @@ def load_run(path):
             raise ValueError(f"{where}: {what} in the middle of the log") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{where}: expected a JSON object")
+        if rec.get("event") == "start" and not isinstance(rec.get("changed", {}), dict):
+            raise ValueError(f"{where}: start record's 'changed' must be an object (setting: value before)")
         if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
@@ -120,8 +123,14 @@ def load_run(path):
     if not math.isfinite(last["val_loss"]):
         warnings.append(f"{log_path}: the val loss became {last['val_loss']} at iter {last['iter']}: "
                         "the run diverged")
+    changed = {}  # each setting a resume changed: (its value before the first resume that did, config's now)
+    for rec in records:
+        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
+            changed.setdefault(k, (was, config.get(k)))
+    if "seed" in changed:  # paired by the seed its initial weights and first steps came from
+        config = {**config, "seed": changed["seed"][0]}
     return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
-            "records": records, "evals": evals, "warnings": warnings}
+            "records": records, "evals": evals, "warnings": warnings, "changed": changed}
 
 
 def controls(config):
@@ -132,6 +141,12 @@ def describe(run):
     cfg = run["config"]
     seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
     return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
+
+
+def changes(run):
+    """The settings resumes of the run changed, but those that leave the experiment alone: 'k=now (was v)'."""
+    return ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
+                     if k == "seed" or k not in NOT_EXPERIMENT)
 
 
 def learns_gamma(run):
@@ -151,6 +166,7 @@ def summarize(run):
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
+         "changed": changes(run),
          "fixed": None, "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
     if op == "attention":
         s["fixed"] = "attention: γ=0, δ=1 fixed"
@@ -263,6 +279,7 @@ def compare(runs):
                     "experiment": key, "confirmation": confirmation,
                     "baseline_key": first["baseline"], "learns_gamma": first["learns_gamma"],
                     "names": [m["name"] for m in members], "paths": [m["path"] for m in members],
+                    "changed": [f"{m['name']}: {m['changed']}" for m in members if m["changed"]],
                     "n": len(members), "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
                     "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
@@ -420,6 +437,8 @@ def report(runs, each=True):
                       and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
         print(f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
               f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
+        if s["changed"]:
+            print(f"   resumed with settings changed: {s['changed']}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
             continue
@@ -454,6 +473,11 @@ def report(runs, each=True):
           "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
           "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
           "seed, zero spread, no attention run or a NaN loss).")
+    resumed = [line for g in groups for line in g["changed"]]
+    if resumed:
+        print("   resumed with settings changed, so not one setting from start to end (a run whose seed "
+              "changed is paired\n   under the seed before, which its initial weights came from):\n   "
+              + "\n   ".join(resumed))
     cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
              for r in confirmations(groups)]
     if cells:
@@ -549,7 +573,7 @@ def load_csv(path):
                              f"{CSV_AGAIN}") from None
         records = [{"event": "start", "commit": r["commit"]}, last]
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
-                     "records": records, "evals": [last], "warnings": []})
+                     "records": records, "evals": [last], "warnings": [], "changed": {}})
     return runs
 
 

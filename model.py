@@ -12,7 +12,7 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
 import importlib.util
 import math
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -247,19 +247,9 @@ class GPT(nn.Module):
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
         """The GPT that train.py's checkpoint dict holds, with changes: the caller's settings that are not
-        weights (dropout, impl). The file's settings and weights (strictly) must fit this code, else a
-        one-line ValueError."""
-        saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
-        try:
-            config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
-        except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
-            raise ValueError(unfit(e)) from None
-        model = cls(replace(config, **changes))  # a bad change gets GPTConfig's line: it is the caller's
-        try:
-            model.load_state_dict(ckpt["model"], strict=True)
-        except RuntimeError as e:
-            raise ValueError(unfit(e)) from None
-        return model
+        weights (dropout, impl). A file that does not fit this code is refused in one line."""
+        from support.rundir import checked_model  # lazy: the checks of a checkpoint live with its loader
+        return checked_model(cls, GPTConfig, ckpt, changes)
 
 
 def check_config(config):
@@ -297,12 +287,6 @@ def check_config(config):
         if type(Op.controls[key]) is bool and type(value) is not bool:
             raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
     Op.check(config["n_head"], {**Op.controls, **config["controls"]})
-
-
-def unfit(e):
-    message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
-    return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
-            "another version or was edited")
 
 
 # -----------------------------------------------------------------------------

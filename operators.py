@@ -57,6 +57,11 @@ class HeadOperator(nn.Module):
     def check(cls, n_head, controls):
         """Raise a ValueError that names the control when a value is not allowed (its type: GPTConfig's)."""
 
+    @staticmethod
+    def meaning(n_head, key, value):
+        """What a control's value means on n_head heads: itself, unless None stands for something."""
+        return value
+
     def scalar(self, name, value, learn=True):
         """One value per head: a Parameter when learned, else a buffer (saved, never trained)."""
         t = torch.full((self.n_head,), float(value))
@@ -104,9 +109,13 @@ class Laplacian(HeadOperator):
             raise ValueError(f"laplacian_heads={n!r} is not allowed: "
                              f"give an integer in 0..n_head={n_head}, or None for half")
 
+    @staticmethod
+    def meaning(n_head, key, value):
+        return n_head // 2 if value is None else value  # laplacian_heads=None: half the heads
+
     def __init__(self, n_head, laplacian_heads):
         super().__init__(n_head)
-        n = n_head // 2 if laplacian_heads is None else laplacian_heads
+        n = self.meaning(n_head, "laplacian_heads", laplacian_heads)
         is_lap = (torch.arange(n_head) >= n_head - n).float()
         self.register_buffer("a", is_lap, persistent=False)
         self.register_buffer("b", 1.0 - 2.0 * is_lap, persistent=False)

@@ -206,7 +206,8 @@ def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
                 "(context-free token frequencies)")
     run.say("config:", " ".join(f"{k}={v!r}" for k, v in vars(cfg).items()))
     if changed:  # all of them run: the optimizer's settings too (rundir.load_optimizer_state)
-        run.say("resumed with settings changed from the checkpoint's:", ", ".join(changed))
+        run.say("resumed with settings changed from the checkpoint's:",
+                ", ".join(f"{k}={getattr(cfg, k)!r} (was {was!r})" for k, was in changed.items()))
     run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
             f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
 
@@ -225,7 +226,7 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
         torch.distributed.barrier()
 
 
-def train(cfg, ckpt=None, changed=()):
+def train(cfg, ckpt, changed):
     # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir ----
     model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
                       bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
@@ -245,7 +246,7 @@ def train(cfg, ckpt=None, changed=()):
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
     iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the loop's counters
-    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None)  # out_dir: its lock, log, config
+    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # out_dir: lock, log
     first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)

@@ -1,8 +1,9 @@
 """
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
-    config.json   the settings that ran
-    log.jsonl     one JSON record per line: start, train, eval (README.md says what each holds), done
+    config.json   the settings of ckpt.pt (written with it)
+    log.jsonl     one JSON record per line: start (a resume's: what it changed), train, eval, done; after a
+                  resume, the history of what ckpt.pt holds, then the resumed run's records
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
@@ -12,6 +13,7 @@ one. A run directory may come from someone else: nothing here follows a symbolic
 device, and a checkpoint is checked against the model before use.
 """
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -204,12 +206,40 @@ def load_checkpoint(path):
         counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
                           "it was edited")
-    weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
+    weights = ckpt["model"].items()  # checked_model checks their names and shapes
     not_finite = [k for k, t in weights if isinstance(t, torch.Tensor) and not torch.isfinite(t).all()]
     if not_finite:
         raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
                           "use an earlier checkpoint of the run")
     return ckpt
+
+
+def checked_model(GPT, GPTConfig, ckpt, changes):
+    """model.py's GPT that a loaded checkpoint holds: its model_args but changes (the caller's own settings),
+    its weights loaded strictly. What does not fit this code is one ValueError line. Every name and shape is
+    compared on the meta device first, in no memory: a damaged file may claim a far larger model."""
+    saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
+    try:
+        config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
+    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
+        raise ValueError(unfit(e)) from None
+    config = dataclasses.replace(config, **changes)  # a bad change gets GPTConfig's line: it is the caller's
+    with torch.device("meta"):
+        skeleton = GPT(config)
+    shapes = {k: t.to("meta") if isinstance(t, torch.Tensor) else t for k, t in ckpt["model"].items()}
+    try:
+        skeleton.load_state_dict(shapes, strict=True)
+        model = GPT(config)
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as e:
+        raise ValueError(unfit(e)) from None
+    return model
+
+
+def unfit(e):
+    message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
+    return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
+            "another version or was edited")
 
 
 def few(names):
@@ -260,15 +290,18 @@ def restore(ckpt, optimizer, train_loader):
 
 
 def trim_log(path, iter_num):
-    """On resume, drop what the stopped run logged after its checkpoint (and its 'done'), so the log tells
-    the one history that the resumed run continues. Only a last line cut off by a crash may be unreadable."""
+    """On resume, keep the history of what the checkpoint at iter_num holds: the training and evaluations up
+    to it, and the starts before it. Later records, a 'done', and a start at iter_num (an attempt that resumed
+    from this checkpoint and saved nothing: its work is gone) go. Only a last line cut off by a crash may be
+    unreadable."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     keep = []
     for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            if record["iter"] <= iter_num and record["event"] != "done":
+            if (record["event"] in ("train", "eval") and record["iter"] <= iter_num
+                    or record["event"] == "start" and record["iter"] < iter_num):
                 keep.append(line.rstrip(b"\n") + b"\n")
         except (ValueError, TypeError, KeyError):  # not JSON or UTF-8, not a record
             if n == len(lines):
@@ -321,23 +354,22 @@ class RunLog:
 # -----------------------------------------------------------------------------
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
-def start_run_dir(run, cfg, resume_iter):
-    """On the writing process (run.writes): claim cfg.out_dir, start run's log there, then write config.json:
-    a config.json without a log is not a run's (see check_run_dir). resume_iter: the checkpoint's iteration
-    when resuming, else None."""
+def start_run_dir(run, cfg, resume_iter, changed):
+    """On the writing process (run.writes): claim cfg.out_dir and start run's log there with a start record.
+    resume_iter: the checkpoint's iteration when resuming, else None; changed: the settings this resume
+    changed, with their values before it."""
     if not run.writes:
         return
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
-    settings = json.dumps(vars(cfg), indent=1)
-    atomic_write(os.path.join(cfg.out_dir, "config.json"), lambda f: f.write(settings.encode()))
-    run.log({"event": "start", "iter": resume_iter or 0, "commit": git_commit(), "torch": torch.__version__,
-             "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
+    run.log({"event": "start", "iter": resume_iter or 0, "changed": changed, "commit": git_commit(),
+             "torch": torch.__version__, "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
 
 
 def save_checkpoint(run, checkpoint, write_ckpt_pt):
-    """train.py's checkpoint dict as ckpt.pt if write_ckpt_pt, and as ckpt_NNNNNN.pt if save_every is due."""
+    """train.py's checkpoint dict as ckpt.pt if write_ckpt_pt, and as ckpt_NNNNNN.pt if save_every is due;
+    then config.json, the settings of ckpt.pt that every reader takes: written only once they are saved."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if write_ckpt_pt else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
@@ -345,6 +377,9 @@ def save_checkpoint(run, checkpoint, write_ckpt_pt):
     for path in paths:
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         run.say(f"saved checkpoint to {path}")
+    if write_ckpt_pt:  # (after the log's first lines: a config.json without a log is no run's, check_run_dir)
+        settings = json.dumps(cfg, indent=1)
+        atomic_write(os.path.join(cfg["out_dir"], "config.json"), lambda f: f.write(settings.encode()))
 
 
 def stop_if_not_finite(what, value, iter_num, out_dir):

@@ -34,32 +34,33 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
 def work_out(args, given, defaults):
     """(cfg, ckpt, changed): the settings that run, worked out once before any device or data is touched, from
     args, train.py's settings as given (given: the keys set). A run of out_dir's checkpoint (resumed or
-    evaluated) keeps its settings but those given (changed: what they change); a checkpoint or GPT-2 fixes the
-    model: a model setting given that differs is refused. The writer locks out_dir before reading ckpt.pt."""
-    ckpt, kept, changed, fixed = None, {}, [], {}
+    evaluated) keeps its settings but those given (changed: each one they change, with its value before); a
+    checkpoint or GPT-2 fixes the model: a model setting given that means another model is refused. The writer
+    locks out_dir before reading ckpt.pt."""
+    ckpt, kept, changed, fixed = None, {}, {}, {}
     if args.init_from == "resume" or (args.eval_only and args.init_from == "scratch"):
         path = os.path.join(args.out_dir, "ckpt.pt")
         if os.path.lexists(path) and not args.eval_only and ddp_env()[0] == 0:
             claim_run_dir(args.out_dir, resuming=True)
         ckpt = load_checkpoint(path)
-        saved = {k: v for k, v in ckpt["config"].items()
-                 if k in vars(args) and k not in ("out_dir", "eval_only")}
-        if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
-            saved["impl"] = "sdpa"
-            changed.append("impl='sdpa' (was 'auto', which no longer exists)")
-        rules = {**RULES, "init_from": nonempty}  # the folder it was fine-tuned from may have moved since
-        for k, v in saved.items():
-            if k == "init_from" or k not in given:
-                kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
-            elif getattr(args, k) != v:
-                changed.append(f"{k}={getattr(args, k)!r} (was {v!r})")
-        if not args.eval_only and ckpt["iter_num"] >= kept.get("max_iters", args.max_iters):
-            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
-                              "raise --max_iters to train on")
         model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
         fixed = {k: v for k, v in model.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
         if isinstance(model.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
             fixed.update(model["controls"])
+        saved = {k: v for k, v in ckpt["config"].items()
+                 if k in vars(args) and k not in ("out_dir", "eval_only")}
+        if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
+            saved["impl"] = "sdpa"
+            changed["impl"] = "auto"
+        rules = {**RULES, "init_from": nonempty}  # the folder it was fine-tuned from may have moved since
+        for k, v in saved.items():
+            if k == "init_from" or k not in given or means(fixed, k, getattr(args, k)) == means(fixed, k, v):
+                kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
+            else:
+                changed[k] = v
+        if not args.eval_only and ckpt["iter_num"] >= kept.get("max_iters", args.max_iters):
+            raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
+                              "raise --max_iters to train on")
     elif args.init_from != "scratch":
         kept = fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}  # GPT-2's settings run
         fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
@@ -69,10 +70,12 @@ def work_out(args, given, defaults):
                               f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
         if k not in fixed and ckpt is not None:
             raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed.get('op')!r}; drop it")
-        if k in fixed and getattr(args, k) != fixed[k]:
+        if k in fixed and means(fixed, k, getattr(args, k)) != means(fixed, k, fixed[k]):
+            meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
+            also = f", which means {meant!r} on its {fixed['n_head']} heads" if meant != fixed[k] else ""
             raise ConfigError(f"{k}={getattr(args, k)!r} differs from the "
-                              f"{'checkpoint' if ckpt else 'pretrained model'}'s {fixed[k]!r}; its model is "
-                              "fixed, drop that setting")
+                              f"{'checkpoint' if ckpt else 'pretrained model'}'s {fixed[k]!r}{also}; "
+                              "its model is fixed, drop that setting")
     cfg = SimpleNamespace(**{**vars(args), **kept})
     world_size = ddp_env()[2]  # settings that only make sense together, with the number of DDP processes too
     if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
@@ -85,6 +88,16 @@ def work_out(args, given, defaults):
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
     return cfg, ckpt, changed
+
+
+def means(fixed, k, value):
+    """What a model setting's value means for the model whose settings fixed holds: an op control's None
+    resolved (OPS[op].meaning); any other value, itself."""
+    op, n_head = fixed.get("op"), fixed.get("n_head")
+    Op = OPS.get(op) if isinstance(op, str) else None
+    if Op is None or k not in Op.controls or type(n_head) is not int:  # damaged: from_checkpoint refuses it
+        return value
+    return Op.meaning(n_head, k, value)
 
 
 def check_gpt2_tokens(init_from, dataset, meta):

@@ -520,10 +520,12 @@ def test_what_counts_as_a_run(workdir, log, ckpt, holds):
 
 
 def test_trim_log_keeps_what_the_checkpoint_saw(workdir):
-    """Resuming at iter 2 keeps the records up to iter 2 inclusive; later ones, the 'done' and a last line cut
-    off by a crash go; a last line that lost only its newline is kept, with one."""
+    """Resuming at iter 2 keeps the records up to iter 2 inclusive but a start there (an attempt that resumed
+    from this checkpoint and saved nothing); later ones, the 'done' and a last line cut off by a crash go; a
+    last line that lost only its newline is kept, with one."""
     records = [{"event": "start", "iter": 0}, {"event": "eval", "iter": 0}, {"event": "train", "iter": 2},
-               {"event": "eval", "iter": 2}, {"event": "train", "iter": 3}, {"event": "done", "iter": 2}]
+               {"event": "eval", "iter": 2}, {"event": "start", "iter": 2}, {"event": "train", "iter": 3},
+               {"event": "done", "iter": 2}]
     open("log.jsonl", "w").write("".join(json.dumps(r) + "\n" for r in records) + '{"event": "tr')
     rundir.trim_log("log.jsonl", 2)
     assert [json.loads(line) for line in open("log.jsonl")] == records[:4]

@@ -475,6 +475,47 @@ def test_unfinished_run_is_not_paired(tmp_path, capsys, no_figures):
     assert "final 1.8000 (iter 200)\n" in out
 
 
+def test_a_seed_changed_on_resume_is_read_from_the_start_records(tmp_path):
+    """The start record of a resume names what it changed, with the value before: a run resumed from seed 0
+    at seed 1 is paired under seed 0; another setting changed is named under the comparison."""
+    starts = [{"event": "start", "iter": 0, "changed": {}},
+              {"event": "start", "iter": 50, "changed": {"seed": 0, "device": "cuda", "learning_rate": 0.01}}]
+    lr = {"learning_rate": 0.02}
+    dirs = [make_run(tmp_path, f"attn_s{seed}", op="attention", seed=seed, val=(3.0, v), **lr, **ZEROS)
+            for seed, v in ((0, 2.0), (1, 2.2))]
+    dirs += [make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 2.0), **lr, **TWO_LAYERS),
+             make_run(tmp_path, "mix_r", seed=1, val=(3.0, 1.9), head=starts, **lr, **TWO_LAYERS)]
+    mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
+    assert mix["paired_seeds"] == [1, 0] and mix["paired"] == pytest.approx([-0.2, -0.1])
+    assert mix["changed"] == ["mix_r: seed=1 (was 0), learning_rate=0.02 (was 0.01)"]  # device: no matter
+
+
+@pytest.mark.slow
+def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_path, monkeypatch, capsys,
+                                                                           no_figures):
+    """Real tiny runs. A mix run from seed 1337, resumed with --seed=7: its initial weights and first steps
+    are seed 1337's, so it is paired with the attention run of seed 1337, not 7, and the report names every
+    setting its resume changed, in its summary and under the comparison."""
+    monkeypatch.chdir(tmp_path)
+    for seed in (1337, 7):
+        train.main(QUICK + [f"--out_dir=out/attn_s{seed}", "--op=attention", "--max_iters=4",
+                            f"--seed={seed}"])
+    train.main(QUICK + ["--out_dir=out/mix_s7", "--max_iters=4", "--seed=7"])
+    train.main(QUICK + ["--out_dir=out/mix_r"])  # 2 iterations, seed 1337
+    train.main(QUICK + ["--out_dir=out/mix_r", "--init_from=resume", "--max_iters=4", "--seed=7"])
+    dirs = ["out/attn_s1337", "out/attn_s7", "out/mix_s7", "out/mix_r"]
+    runs = [corridor.load_run(d) for d in dirs]
+    mix = group(corridor.compare(runs), "mix")
+    assert mix["names"] == ["mix_s7", "mix_r"] and mix["paired_seeds"] == [7, 1337]
+    attention = {r["config"]["seed"]: r["evals"][-1]["val_loss"] for r in runs[:2]}
+    assert mix["paired"][1] == runs[3]["evals"][-1]["val_loss"] - attention[1337]
+    capsys.readouterr()
+    assert corridor.main(dirs) == 0
+    out = capsys.readouterr().out
+    assert "\n   resumed with settings changed: max_iters=4 (was 2), seed=7 (was 1337)\n" in out
+    assert "which its initial weights came from):\n   mix_r: max_iters=4 (was 2), seed=7 (was 1337)\n" in out
+
+
 def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()

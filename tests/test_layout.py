@@ -17,7 +17,8 @@ from helpers import ROOT
 
 SCRIPTS = {"train", "sample", "prepare_data", "bench", "corridor"}
 ALLOWED = {  # file -> the project's modules and the third-party packages it may import
-    "model.py": {"torch", "operators", "kernel", "support.configurator", "support.pretrained"},
+    "model.py": {"torch", "operators", "kernel", "support.configurator", "support.pretrained",
+                 "support.rundir"},
     "operators.py": {"torch"},
     "kernel.py": {"torch", "triton"},
 }

@@ -351,17 +351,19 @@ train.main(sys.argv[1:])
 
 
 def train_process(out, *extra, env=None):
+    """train.py in a process of its own, with Python's default Ctrl-C (SIGINT) as in a shell."""
     args = [sys.executable, "-c", RUNNER.format(here=ROOT), *KILL_ARGS, f"--out_dir={out}", *extra]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def kill_when(p, ready, timeout=60):
-    """SIGKILL process p as soon as ready() holds."""
+def kill_when(p, ready, sig=signal.SIGKILL, timeout=60):
+    """Send process p sig (kill -9) as soon as ready() holds, and wait for it to end."""
     start = time.time()
     while not ready() and p.poll() is None and time.time() - start < timeout:
         time.sleep(0.01)
-    p.send_signal(signal.SIGKILL)
+    p.send_signal(sig)
     p.wait()
 
 
@@ -416,6 +418,55 @@ def test_two_resumes_of_one_run_never_both_train(workdir):
     assert read_log("out/r")[-1]["event"] == "done"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
+def test_a_resume_stopped_before_its_first_checkpoint_leaves_the_checkpoints_record(workdir, stop):
+    """A resume (at other settings) stopped while it trains towards its first checkpoint: config.json still
+    holds the settings ckpt.pt was trained with; the next resume's log holds one start per resume whose work
+    ckpt.pt holds, never the stopped one's, and it ends bit-exact with a run that was never stopped."""
+    for out in ("out/straight", "out/r"):
+        assert train_process(out, "--max_iters=6").wait() == 0
+    assert train_process("out/straight", "--init_from=resume").wait() == 0
+    config = open("out/r/config.json").read()
+    p = train_process("out/r", "--init_from=resume", "--learning_rate=0.01")
+    kill_when(p, lambda: '"iter": 7,' in open("out/r/log.jsonl").read(), stop)  # trained on from iter 6
+    if stop == signal.SIGINT:
+        assert p.returncode == 1 and p.stderr.read().endswith(
+            "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)\n")
+    assert open("out/r/config.json").read() == config
+    finish_after_kill("out/r")
+    assert_same_weights(weights("out/straight/ckpt.pt"), weights("out/r/ckpt.pt"))
+    assert [(r["iter"], r["changed"]) for r in read_log("out/r", "start")] == [(0, {}), (6, {"max_iters": 6})]
+    assert [r["iter"] for r in read_log("out/r", "train")] == list(range(1, 13))
+    assert json.load(open("out/r/config.json")) == json.load(open("out/straight/config.json")) | {
+        "out_dir": "out/r"}
+
+
+def test_a_resume_that_diverges_leaves_config_json_and_one_history(workdir):
+    """The same for a resume whose loss turns NaN (one line, ckpt.pt kept): config.json keeps the settings of
+    ckpt.pt, and the next resume's log has no trace of the attempt."""
+    run("--max_iters=4", "--eval_interval=4", "--out_dir=out/r")
+    config = open("out/r/config.json").read()
+    with pytest.raises(FloatingPointError, match="the last good checkpoint out/r/ckpt.pt is untouched"):
+        run("--init_from=resume", "--max_iters=8", "--learning_rate=1e6", "--grad_clip=0.0",
+            "--out_dir=out/r")
+    assert open("out/r/config.json").read() == config
+    run("--init_from=resume", "--max_iters=8", "--out_dir=out/r")
+    assert [r["iter"] for r in read_log("out/r", "start")] == [0, 4]
+    assert [r["iter"] for r in read_log("out/r", "train")] == list(range(1, 9))
+    assert json.load(open("out/r/config.json"))["max_iters"] == 8
+
+
+def test_a_resume_records_what_it_changed_in_its_start_record(workdir, capsys):
+    run("--max_iters=2", "--eval_interval=2", "--out_dir=out/c")
+    capsys.readouterr()
+    run("--init_from=resume", "--max_iters=4", "--seed=7", "--learning_rate=1e-3", "--out_dir=out/c")
+    assert [r["changed"] for r in read_log("out/c", "start")] == [
+        {}, {"learning_rate": 3e-3, "max_iters": 2, "seed": 1337}]  # the values before the resume
+    assert ("resumed with settings changed from the checkpoint's: learning_rate=0.001 (was 0.003), "
+            "max_iters=4 (was 2), seed=7 (was 1337)") in capsys.readouterr().out
+
+
 def test_eval_only_evaluates_the_checkpoint_and_changes_nothing(workdir, capsys):
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/e")
     files = {f: open(f"out/e/{f}", "rb").read() for f in os.listdir("out/e")}
@@ -458,6 +509,18 @@ def test_resume_refuses_a_different_model_and_config_json_says_what_ran(workdir)
     config = json.load(open("out/r/config.json"))
     assert (config["n_layer"], config["n_head"], config["dropout"], config["max_iters"]) == (2, 2, 0.1, 6)
     assert config["init_from"] == "scratch"  # how the run began; the log's start records show the resumes
+
+
+def test_resume_takes_a_control_given_that_means_the_saved_one(workdir):
+    """A laplacian run saved with laplacian_heads=None (half its heads): given 1 on its 2 heads, the model is
+    the same and the resume runs; given 2, it is another model, refused with what None means."""
+    run("--op=laplacian", "--max_iters=2", "--eval_interval=2", "--out_dir=out/l")
+    run("--laplacian_heads=1", "--init_from=resume", "--max_iters=4", "--out_dir=out/l")
+    assert read_log("out/l", "start")[-1]["changed"] == {"max_iters": 2}
+    refusal = ("^laplacian_heads=2 differs from the checkpoint's None, which means 1 on its 2 heads; "
+               "its model is fixed, drop that setting$")
+    with pytest.raises(ValueError, match=refusal):
+        run("--laplacian_heads=2", "--init_from=resume", "--max_iters=6", "--out_dir=out/l")
 
 
 def test_resume_refuses_another_alphabet_of_the_same_size(workdir):
@@ -734,8 +797,8 @@ def test_a_checkpoint_saved_with_impl_auto_resumes_as_sdpa_and_says_so(workdir, 
     torch.save(ckpt, "out/old/ckpt.pt")
     capsys.readouterr()
     run_argv(["--init_from=resume", "--max_iters=4", "--out_dir=out/old"])
-    assert ("resumed with settings changed from the checkpoint's: impl='sdpa' (was 'auto', which no longer "
-            "exists)") in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resumed with settings changed from the checkpoint's: impl='sdpa' (was 'auto')" in out
     assert json.load(open("out/old/config.json"))["impl"] == "sdpa"
 
 
