@@ -62,7 +62,8 @@ def load_run(path):
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
     missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
     if missing:
-        raise ValueError(f"{path}: not a run directory, missing {missing} (train.py writes them)")
+        raise ValueError(f"{path}: not a run directory, missing {missing} (train.py writes log.jsonl as it "
+                         "starts, config.json with its first checkpoint)")
     try:  # train.py writes a few kB of flat settings
         config = json.loads(read_regular(cfg_path, 1 << 20).decode("utf-8"))
     except UnicodeDecodeError as e:

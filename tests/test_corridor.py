@@ -194,7 +194,8 @@ def test_nonexistent_path(tmp_path, capsys):
 def test_not_a_run_dir(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     line = error_line(capsys, [str(tmp_path / "empty")])
-    assert "not a run directory, missing config.json and log.jsonl (train.py writes them)" in line
+    assert ("not a run directory, missing config.json and log.jsonl (train.py writes log.jsonl as it starts, "
+            "config.json with its first checkpoint)") in line
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text("{}")
     assert "missing log.jsonl (" in error_line(capsys, [str(tmp_path / "half")])
