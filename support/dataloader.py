@@ -46,29 +46,20 @@ class ShardFile:
         self.file.write(tokens.astype("<u2").tobytes())
         self.count += len(tokens)
 
-    def close(self):
-        try:
-            self.file.seek(0)  # the header's first three ints; the rest of it stays blank
-            self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
-            self.file.close()  # flushes: a full disk may only show here
-            os.replace(self.tmp, self.path)
-        except BaseException:
-            self.discard()
-            raise
-
-    def discard(self):
-        self.file.close()
-        if os.path.exists(self.tmp):
-            os.remove(self.tmp)
-
     def __enter__(self):
         return self
 
     def __exit__(self, error, *_):
-        if error is None:
-            self.close()
-        else:
-            self.discard()
+        try:
+            if error is None:  # a clean exit: the count goes into the header, then the shard gets its name
+                self.file.seek(0)  # the header's first three ints; the rest of it stays blank
+                self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
+                self.file.close()  # flushes: a full disk may only show here
+                os.replace(self.tmp, self.path)
+        finally:
+            self.file.close()
+            if os.path.exists(self.tmp):  # a failure, in the with block or here: no half shard is left
+                os.remove(self.tmp)
 
 
 def read_shard(path, vocab_size=None):

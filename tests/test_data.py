@@ -144,11 +144,10 @@ class CloseFails:
 
 def test_shard_file_leaves_nothing_when_closing_fails(tmp_path):
     path = str(tmp_path / "x_train_000001.bin")
-    shard = dl.ShardFile(path)
-    shard.write([1, 2, 3])
-    shard.file = CloseFails(shard.file)
     with pytest.raises(OSError, match="No space left"):
-        shard.close()
+        with dl.ShardFile(path) as shard:
+            shard.write([1, 2, 3])
+            shard.file = CloseFails(shard.file)
     assert os.listdir(tmp_path) == []  # neither the .tmp nor a shard under the real name
 
 
