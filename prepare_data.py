@@ -68,8 +68,8 @@ def encode_gpt2_document(text, enc):
 
 
 def encode_split(docs, meta, desc):
-    """A split's documents as one uint16 array: gpt2 document by document; char and byte all at once, the
-    documents joined by DOC_SEPARATOR and vectorised in numpy (a Python loop is slow on 100 MB)."""
+    """A split's documents as one uint16 array (gpt2's: smaller than the text, in memory already): gpt2 document
+    by document; char and byte all at once, joined by DOC_SEPARATOR, in numpy (a loop is slow on 100 MB)."""
     if meta["tokenizer"] == "gpt2":
         enc, docs = gpt2_encoding(), tqdm(docs, desc=desc, unit="doc", disable=len(docs) < 1000)
         return np.fromiter(chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs), np.uint16)
