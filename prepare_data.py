@@ -240,9 +240,9 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
                 raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
                                 "--val_fraction")
             first = 0 if split == "val" else 1  # llm.c's numbering: NAME_val_000000, NAME_train_000001
-            for i, start in enumerate(range(0, len(tokens), shard_size), first):
+            for i, at in enumerate(range(0, len(tokens), shard_size), first):
                 with ShardFile(os.path.join(staging, f"{name}_{split}_{i:06d}.bin")) as shard:
-                    shard.write(tokens[start:start + shard_size])
+                    shard.write(tokens[at:at + shard_size])
             meta["tokens"][split] = len(tokens)
         os.makedirs(data_dir, exist_ok=True)
         Path(data_dir, "meta.json").unlink(missing_ok=True)
