@@ -61,79 +61,6 @@ HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
 
 # -----------------------------------------------------------------------------
-# tokenizing a corpus (support/dataloader.py holds the tokenizers themselves)
-
-def encode_gpt2_document(text, enc):
-    return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
-
-
-def encode_split(docs, meta, desc):
-    """A split's documents as one uint16 array (gpt2's: smaller than the text, in memory already): gpt2 document
-    by document; char and byte all at once, joined by DOC_SEPARATOR, in numpy (a loop is slow on 100 MB)."""
-    if meta["tokenizer"] == "gpt2":
-        enc, docs = gpt2_encoding(), tqdm(docs, desc=desc, unit="doc", disable=len(docs) < 1000)
-        return np.fromiter(chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs), np.uint16)
-    text = DOC_SEPARATOR.join(docs)
-    if meta["tokenizer"] == "byte":
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
-    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
-    return np.searchsorted(vocab, codepoints).astype(np.uint16)
-
-
-# -----------------------------------------------------------------------------
-# corpora: each gives its documents (str)
-
-def pydocs_documents():
-    from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
-    return [topics[key] for key in sorted(topics)]
-
-
-def shakespeare_documents():
-    import urllib.request
-    try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
-            return [r.read().decode("utf-8")]
-    except OSError as e:  # URLError and timeouts are OSErrors too
-        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
-                        f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
-                        "--name=shakespeare_char`") from None
-
-
-def text_documents(path):
-    if not os.path.lexists(path):
-        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
-    files = [path]
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
-        if not files:
-            raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    for file in files:
-        try:
-            with open_regular(file, encoding="utf-8") as f:
-                yield f.read()
-        except UnicodeDecodeError:
-            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
-
-
-def split_documents(docs, val_fraction):
-    """Deterministic split: the last val_fraction of the characters go to val, as whole documents except for
-    the one that straddles the cut (so a one-document corpus is split 90/10 exactly like nanoGPT does)."""
-    cut, seen = int(sum(map(len, docs)) * (1 - val_fraction)), 0
-    train, val = [], []
-    for doc in docs:
-        if seen + len(doc) <= cut:
-            train.append(doc)
-        elif seen >= cut:
-            val.append(doc)
-        else:
-            train.append(doc[:cut - seen])
-            val.append(doc[cut - seen:])
-        seen += len(doc)
-    return train, val
-
-
-# -----------------------------------------------------------------------------
 # publishing: a dataset appears whole or not at all
 
 def check_dataset_name(key, name):
@@ -206,7 +133,74 @@ def preparing(out_dir, name):
 
 
 # -----------------------------------------------------------------------------
-# corpora held in memory: pydocs, shakespeare_char, text
+# corpora held in memory: pydocs, shakespeare_char, text (support/dataloader.py holds the tokenizers)
+
+def encode_gpt2_document(text, enc):
+    return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
+
+
+def encode_split(docs, meta, desc):
+    """A split's documents as one uint16 array (gpt2's is smaller than their text, in memory already): gpt2
+    document by document, char and byte joined by DOC_SEPARATOR in numpy (a Python loop is slow on 100 MB)."""
+    if meta["tokenizer"] == "gpt2":
+        enc, docs = gpt2_encoding(), tqdm(docs, desc=desc, unit="doc", disable=len(docs) < 1000)
+        return np.fromiter(chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs), np.uint16)
+    text = DOC_SEPARATOR.join(docs)
+    if meta["tokenizer"] == "byte":
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
+    return np.searchsorted(vocab, codepoints).astype(np.uint16)
+
+
+def pydocs_documents():
+    from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
+    return [topics[key] for key in sorted(topics)]
+
+
+def shakespeare_documents():
+    import urllib.request
+    try:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
+            return [r.read().decode("utf-8")]
+    except OSError as e:  # URLError and timeouts are OSErrors too
+        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
+                        f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
+                        "--name=shakespeare_char`") from None
+
+
+def text_documents(path):
+    if not os.path.lexists(path):
+        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
+        if not files:
+            raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
+    for file in files:
+        try:
+            with open_regular(file, encoding="utf-8") as f:
+                yield f.read()
+        except UnicodeDecodeError:
+            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
+
+
+def split_documents(docs, val_fraction):
+    """Deterministic split: the last val_fraction of the characters go to val, as whole documents except for
+    the one that straddles the cut (so a one-document corpus is split 90/10 exactly like nanoGPT does)."""
+    cut, seen = int(sum(map(len, docs)) * (1 - val_fraction)), 0
+    train, val = [], []
+    for doc in docs:
+        if seen + len(doc) <= cut:
+            train.append(doc)
+        elif seen >= cut:
+            val.append(doc)
+        else:
+            train.append(doc[:cut - seen])
+            val.append(doc[cut - seen:])
+        seen += len(doc)
+    return train, val
+
 
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
     """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
@@ -261,7 +255,7 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
 
 
 # -----------------------------------------------------------------------------
-# corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B
+# corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B, hellaswag
 
 def hub_error(e, repo, revision, filename=None):
     from huggingface_hub import errors
