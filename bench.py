@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from support.configurator import ConfigError, at_least, configure, one_of
+from support.configurator import ConfigError, at_least, configure, one_of, requires
 from support.hardware import keep_freed_memory
 from model import GPT, GPTConfig
 from support.kernel_check import check_kernel
@@ -44,7 +44,8 @@ DEFAULTS = dict(
     nanogpt="",  # (what=nanogpt) the path of nanoGPT's model.py
 )
 RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step", "sample"), batch_size=at_least(1), iters=at_least(1),
-             repeats=at_least(1))
+             repeats=at_least(1), block_sizes=requires(lambda text: all(map(str.isdecimal, text.split(","))),
+                                                       "give integers like 128,256"))
 DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
 # nanoGPT's CPU example (README of nanoGPT: shakespeare_char on a CPU)
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0)
@@ -122,12 +123,8 @@ def ops_table(best):
 
 def bench_ops(cfg):
     """Every configuration measured `repeats` times, in turns; the table keeps each column's best."""
-    try:
-        configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",") for impl in cfg.impls.split(",")
-                   for op in cfg.ops.split(",")]
-    except ValueError:
-        raise ConfigError(f"block_sizes={cfg.block_sizes!r} is not allowed: "
-                          "give integers like 128,256") from None
+    configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",") for impl in cfg.impls.split(",")
+               for op in cfg.ops.split(",")]
     if "triton" in cfg.impls.split(","):  # the fused kernel, checked against float64 before it is timed
         print(check_kernel("cpu", torch.float32, DEMO["n_embd"] // DEMO["n_head"]))
     measured = [(c, measure_in_subprocess(*c, cfg.batch_size, cfg.iters))  # in turns: each repeat, every one
@@ -236,6 +233,10 @@ def bench_sample(cfg):
     use_cache=False, a full forward per token as nanoGPT's; same output layer, so the ratio is the cache's."""
     prompt = torch.zeros((1, 1), dtype=torch.long)
     n, rows = SAMPLE_NEW_TOKENS, {}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, batch 1, "
+          f"op=mix, best of {cfg.repeats} interleaved repeats")
+    print("| model | ms per token, KV cache | ms per token, full forward | speedup | same tokens |")
+    print("|---|---|---|---|---|")
     for name, shape in SAMPLE_MODELS.items():
         torch.manual_seed(0)
         model = GPT(GPTConfig(**shape, op="mix")).eval()
@@ -246,15 +247,10 @@ def bench_sample(cfg):
             t1 = time.perf_counter()
             full = model.generate(prompt, n, temperature=0, use_cache=False)
             cached_s, full_s = min(cached_s, t1 - t0), min(full_s, time.perf_counter() - t1)
-        rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=full_s / cached_s,
-                          same_tokens=torch.equal(cached, full))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, batch 1, "
-          f"op=mix, best of {cfg.repeats} interleaved repeats")
-    print("| model | ms per token, KV cache | ms per token, full forward | speedup | same tokens |")
-    print("|---|---|---|---|---|")
-    for name, r in rows.items():
-        ms_cached, ms_full = r["cached_s"] / n * 1000, r["full_s"] / n * 1000
-        print(f"| {name} | {ms_cached:.2f} | {ms_full:.2f} | {r['speedup']:.2f}× | {r['same_tokens']} |")
+        same = torch.equal(cached, full)
+        rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=full_s / cached_s, same_tokens=same)
+        print(f"| {name} | {cached_s / n * 1000:.2f} | {full_s / n * 1000:.2f} | {full_s / cached_s:.2f}× | "
+              f"{same} |")
     return rows
 
 

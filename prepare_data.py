@@ -30,6 +30,8 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
+from itertools import chain
 from pathlib import Path
 
 import filelock
@@ -56,100 +58,6 @@ FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
-
-
-class ShardWriter:
-    """Streams the tokens of one split into shards of at most shard_size tokens, so memory stays flat however
-    big the corpus: NAME_val_000000.bin, or NAME_train_000001.bin, 000002, ... (llm.c numbering)."""
-
-    def __init__(self, out_dir, name, split, shard_size):
-        self.prefix, self.shard_size = os.path.join(out_dir, f"{name}_{split}_"), shard_size
-        self.index = 0 if split == "val" else 1
-        self.shard, self.files, self.tokens = None, [], 0
-
-    def add(self, tokens):
-        while len(tokens):
-            if self.shard is None:
-                self.shard = ShardFile(f"{self.prefix}{self.index:06d}.bin")
-            n = min(len(tokens), self.shard_size - self.shard.count)
-            self.shard.write(tokens[:n])
-            self.tokens, tokens = self.tokens + n, tokens[n:]
-            if self.shard.count == self.shard_size:
-                self.close()
-
-    def close(self):
-        if self.shard is not None:
-            self.shard.close()
-            self.files.append(self.shard.path)
-            self.shard, self.index = None, self.index + 1
-
-
-# -----------------------------------------------------------------------------
-# tokenizing a corpus (support/dataloader.py holds the tokenizers themselves)
-
-def encode_gpt2_document(text, enc):
-    return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
-
-
-def encode_text(text, meta):
-    """char/byte encoding of a whole split at once, vectorised in numpy (a Python loop is slow on 100 MB)."""
-    if meta["tokenizer"] == "byte":
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
-    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
-    return np.searchsorted(vocab, codepoints).astype(np.uint16)
-
-
-# -----------------------------------------------------------------------------
-# corpora: each gives its documents (str)
-
-def pydocs_documents():
-    from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
-    return [topics[key] for key in sorted(topics)]
-
-
-def shakespeare_documents():
-    import urllib.request
-    try:
-        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
-            return [r.read().decode("utf-8")]
-    except OSError as e:  # URLError and timeouts are OSErrors too
-        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
-                        f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
-                        "--name=shakespeare_char`") from None
-
-
-def text_documents(path):
-    if not os.path.lexists(path):
-        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
-    files = [path]
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
-        if not files:
-            raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
-    for file in files:
-        try:
-            with open_regular(file, encoding="utf-8") as f:
-                yield f.read()
-        except UnicodeDecodeError:
-            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
-
-
-def split_documents(docs, val_fraction):
-    """Deterministic split: the last val_fraction of the characters go to val, as whole documents except for
-    the one that straddles the cut (so a one-document corpus is split 90/10 exactly like nanoGPT does)."""
-    cut, seen = int(sum(map(len, docs)) * (1 - val_fraction)), 0
-    train, val = [], []
-    for doc in docs:
-        if seen + len(doc) <= cut:
-            train.append(doc)
-        elif seen >= cut:
-            val.append(doc)
-        else:
-            train.append(doc[:cut - seen])
-            val.append(doc[cut - seen:])
-        seen += len(doc)
-    return train, val
 
 
 # -----------------------------------------------------------------------------
@@ -225,7 +133,74 @@ def preparing(out_dir, name):
 
 
 # -----------------------------------------------------------------------------
-# corpora held in memory: pydocs, shakespeare_char, text
+# corpora held in memory: pydocs, shakespeare_char, text (support/dataloader.py holds the tokenizers)
+
+def encode_gpt2_document(text, enc):
+    return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
+
+
+def encode_split(docs, meta, desc):
+    """A split's documents as one uint16 array (gpt2's is smaller than their text, in memory already): gpt2
+    document by document, char and byte joined by DOC_SEPARATOR in numpy (a Python loop is slow on 100 MB)."""
+    if meta["tokenizer"] == "gpt2":
+        enc, docs = gpt2_encoding(), tqdm(docs, desc=desc, unit="doc", disable=len(docs) < 1000)
+        return np.fromiter(chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs), np.uint16)
+    text = DOC_SEPARATOR.join(docs)
+    if meta["tokenizer"] == "byte":
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
+    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
+    return np.searchsorted(vocab, codepoints).astype(np.uint16)
+
+
+def pydocs_documents():
+    from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
+    return [topics[key] for key in sorted(topics)]
+
+
+def shakespeare_documents():
+    import urllib.request
+    try:
+        with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
+            return [r.read().decode("utf-8")]
+    except OSError as e:  # URLError and timeouts are OSErrors too
+        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
+                        f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
+                        "--name=shakespeare_char`") from None
+
+
+def text_documents(path):
+    if not os.path.lexists(path):
+        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
+        if not files:
+            raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
+    for file in files:
+        try:
+            with open_regular(file, encoding="utf-8") as f:
+                yield f.read()
+        except UnicodeDecodeError:
+            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
+
+
+def split_documents(docs, val_fraction):
+    """Deterministic split: the last val_fraction of the characters go to val, as whole documents except for
+    the one that straddles the cut (so a one-document corpus is split 90/10 exactly like nanoGPT does)."""
+    cut, seen = int(sum(map(len, docs)) * (1 - val_fraction)), 0
+    train, val = [], []
+    for doc in docs:
+        if seen + len(doc) <= cut:
+            train.append(doc)
+        elif seen >= cut:
+            val.append(doc)
+        else:
+            train.append(doc[:cut - seen])
+            val.append(doc[cut - seen:])
+        seen += len(doc)
+    return train, val
+
 
 def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
     """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
@@ -254,18 +229,15 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     try:
         meta["tokens"] = {}
         for split, split_docs in (("val", val), ("train", train)):
-            writer = ShardWriter(staging, name, split, shard_size)
-            if tokenizer == "gpt2":  # document by document
-                quiet = len(split_docs) < 1000
-                for doc in tqdm(split_docs, desc=f"tokenising {split}", unit="doc", disable=quiet):
-                    writer.add(encode_gpt2_document(doc, enc))
-            else:
-                writer.add(encode_text(DOC_SEPARATOR.join(split_docs), meta))
-            writer.close()
-            if writer.tokens == 0:
+            tokens = encode_split(split_docs, meta, f"tokenising {split}")
+            if len(tokens) == 0:
                 raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
                                 "--val_fraction")
-            meta["tokens"][split] = writer.tokens
+            first = 0 if split == "val" else 1  # llm.c's numbering: NAME_val_000000, NAME_train_000001
+            for i, at in enumerate(range(0, len(tokens), shard_size), first):
+                with ShardFile(os.path.join(staging, f"{name}_{split}_{i:06d}.bin")) as shard:
+                    shard.write(tokens[at:at + shard_size])
+            meta["tokens"][split] = len(tokens)
         os.makedirs(data_dir, exist_ok=True)
         Path(data_dir, "meta.json").unlink(missing_ok=True)
         for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):  # of an earlier preparation
@@ -283,7 +255,7 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
 
 
 # -----------------------------------------------------------------------------
-# corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B
+# corpora on the Hugging Face hub, at pinned revisions: openwebtext, fineweb10B, hellaswag
 
 def hub_error(e, repo, revision, filename=None):
     from huggingface_hub import errors
@@ -342,17 +314,10 @@ def gigabytes(n):
     return f"{n / 1e9:.1f} GB"
 
 
-_worker = {}  # each tokenising process's tokenizer and val_fraction, set by its initializer
-
-
-def _init_worker(enc, val_fraction):
-    _worker.update(enc=enc, val_fraction=val_fraction)
-
-
-def _encode_for_worker(text):
+def encode_in_worker(text, enc, val_fraction):
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
-    in_val = int.from_bytes(digest, "big") / 2**64 < _worker["val_fraction"]
-    return np.array(encode_gpt2_document(text, _worker["enc"]), dtype=np.uint16), in_val
+    in_val = int.from_bytes(digest, "big") / 2**64 < val_fraction
+    return np.array(encode_gpt2_document(text, enc), dtype=np.uint16), in_val
 
 
 def parquet_columns(path, file, columns):
@@ -406,7 +371,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
           f"one parquet file at a time); {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
-    with Pool(num_proc, initializer=_init_worker, initargs=(enc, val_fraction)) as pool, \
+    encode = partial(encode_in_worker, enc=enc, val_fraction=val_fraction)  # tiktoken's pickles by name
+    with Pool(num_proc) as pool, \
             tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
                  desc=f"tokenising {name}") as bar:
         for i, file in enumerate(OWT_FILES):
@@ -418,7 +384,7 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None, enco
                     ShardFile(val_share(i)) as val:
                 for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
                     # one batch at a time through map: imap over every document would queue the whole file
-                    for tokens, in_val in pool.map(_encode_for_worker, texts, chunksize=64):
+                    for tokens, in_val in pool.map(encode, texts, chunksize=64):
                         (val if in_val else train).write(tokens)
                     docs += len(texts)
                     bar.update(len(texts))

@@ -46,29 +46,20 @@ class ShardFile:
         self.file.write(tokens.astype("<u2").tobytes())
         self.count += len(tokens)
 
-    def close(self):
-        try:
-            self.file.seek(0)  # the header's first three ints; the rest of it stays blank
-            self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
-            self.file.close()  # flushes: a full disk may only show here
-            os.replace(self.tmp, self.path)
-        except BaseException:
-            self.discard()
-            raise
-
-    def discard(self):
-        self.file.close()
-        if os.path.exists(self.tmp):
-            os.remove(self.tmp)
-
     def __enter__(self):
         return self
 
     def __exit__(self, error, *_):
-        if error is None:
-            self.close()
-        else:
-            self.discard()
+        try:
+            if error is None:  # a clean exit: the count goes into the header, then the shard gets its name
+                self.file.seek(0)  # the header's first three ints; the rest of it stays blank
+                self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
+                self.file.close()  # flushes: a full disk may only show here
+                os.replace(self.tmp, self.path)
+        finally:
+            self.file.close()
+            if os.path.exists(self.tmp):  # a failure, in the with block or here: no half shard is left
+                os.remove(self.tmp)
 
 
 def read_shard(path, vocab_size=None):
@@ -235,7 +226,7 @@ class ShardLoader:
         self.B, self.T, self.rank = batch_size, block_size, rank
         self.vocab_size, self.seed = vocab_size, seed
         self.step = world_size * batch_size  # windows the whole world consumes per batch
-        self.shard = self.epoch = None
+        self.shard = None
         self.reset()
 
     def reset(self):
@@ -263,7 +254,6 @@ class ShardLoader:
         if not 0 <= state["shard"] < len(self.shards):
             raise DataError(f"loader state points at shard {state['shard']} but there are only "
                             f"{len(self.shards)} shards; the data changed since the checkpoint")
-        moved = (state["epoch"], state["shard"]) != (self.epoch, self.shard)
         # one memmap is open, for the current shard only, and dropped when we move on: memory stays flat
         if state["shard"] != self.shard:  # reset() before every evaluation should not re-validate the shard
             self.shard, self.tokens = state["shard"], read_shard(self.shards[state["shard"]], self.vocab_size)
@@ -272,12 +262,11 @@ class ShardLoader:
                                 "batch of world_size*batch_size*block_size+1 = "
                                 f"{self.step * self.T + 1}; use a smaller batch or block, or prepare the "
                                 "data with a larger --shard_size")
-        if moved:  # this (epoch, shard)'s window start positions, in a seeded random order
-            self.epoch = state["epoch"]
-            rng = np.random.default_rng([self.seed, self.epoch, self.shard])
-            offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
-            offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
-            self.starts = offset + self.T * rng.permutation((len(self.tokens) - 1 - offset) // self.T)
+        self.epoch = state["epoch"]
+        rng = np.random.default_rng([self.seed, self.epoch, self.shard])  # this (epoch, shard)'s window order
+        offset = int(rng.integers(self.T)) if self.epoch > 0 else 0
+        offset = min(offset, len(self.tokens) - 1 - self.step * self.T)  # one batch must still fit
+        self.starts = offset + self.T * rng.permutation((len(self.tokens) - 1 - offset) // self.T)
         if state["pos"] > len(self.starts):
             raise DataError(f"loader state points at window {state['pos']} of {self.shards[self.shard]}, "
                             f"which has {len(self.starts)} windows of block_size {self.T}; the data changed "

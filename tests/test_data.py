@@ -144,11 +144,10 @@ class CloseFails:
 
 def test_shard_file_leaves_nothing_when_closing_fails(tmp_path):
     path = str(tmp_path / "x_train_000001.bin")
-    shard = dl.ShardFile(path)
-    shard.write([1, 2, 3])
-    shard.file = CloseFails(shard.file)
     with pytest.raises(OSError, match="No space left"):
-        shard.close()
+        with dl.ShardFile(path) as shard:
+            shard.write([1, 2, 3])
+            shard.file = CloseFails(shard.file)
     assert os.listdir(tmp_path) == []  # neither the .tmp nor a shard under the real name
 
 
@@ -273,7 +272,7 @@ def test_text_folder(tmp_path):
         pd.prepare("text", input=str(tmp_path / "nope.txt"), out_dir=out)
 
 
-def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_path):
+def test_documents_without_newlines_and_shards_filled_across_documents(tmp_path):
     """The char vocabulary always holds the separator put between documents, even when no document has a
     newline; and a shard filled by several documents holds exactly shard_size tokens before the next one
     starts."""
@@ -282,11 +281,7 @@ def test_documents_without_newlines_and_shards_filled_document_by_document(tmp_p
     meta = dl.load_meta(data_dir)
     assert meta["chars"] == "\nabc"
     assert dl.get_tokenizer(meta)[1](all_tokens(data_dir, "train")) == "abc\n\ncab\n\nbca"
-    writer = pd.ShardWriter(str(tmp_path), "y", "train", shard_size=5)
-    for doc in ([1, 2, 3], [4, 5, 6], [7]):
-        writer.add(doc)
-    writer.close()
-    assert [dl.read_shard(f).tolist() for f in writer.files] == [[1, 2, 3, 4, 5], [6, 7]]
+    assert [len(dl.read_shard(f)) for f in dl.find_shards(data_dir, "train")] == [4, 4, 4, 1]
 
 
 def test_char_vocabulary_up_to_65536_symbols(tmp_path):
@@ -341,20 +336,16 @@ def test_meta_of_each_tokenizer(tmp_path, tiny_enc, capsys):
             f"{tmp_path / 'char'} in ") in out
 
 
-def test_shard_writer_numbers_val_from_0_and_train_from_1(tmp_path):
-    """llm.c's numbering: NAME_val_000000.bin, NAME_val_000001.bin, ...; NAME_train_000001.bin, ...; a shard
-    is closed as soon as it is full, and adding nothing never makes an empty one."""
-    for split, first in (("val", 0), ("train", 1)):
-        writer = pd.ShardWriter(str(tmp_path), "n", split, shard_size=3)
-        for tokens in ([], np.arange(4), [], [4, 5, 6, 7, 8], []):
-            writer.add(tokens)
-        writer.close()
-        writer.close()  # closing twice changes nothing
-        assert [os.path.basename(f) for f in writer.files] == [f"n_{split}_{first + i:06d}.bin"
-                                                               for i in range(3)]
-        assert [dl.read_shard(f).tolist() for f in writer.files] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-        assert writer.tokens == 9
-    assert sorted(os.listdir(tmp_path)) == [f"n_train_00000{i}.bin" for i in (1, 2, 3)] + \
+def test_shards_number_val_from_0_and_train_from_1(tmp_path):
+    """llm.c's numbering: NAME_val_000000.bin, NAME_val_000001.bin, ...; NAME_train_000001.bin, ...; every
+    shard but the last is full, and a split that fills its shards exactly never gets an empty one."""
+    data_dir = pd.prepare_documents("n", ["abcdefghi", "jklmnopqr"], str(tmp_path), "byte", shard_size=3,
+                                    val_fraction=0.5)
+    for split, first, text in (("val", 0, b"jklmnopqr"), ("train", 1, b"abcdefghi")):
+        shards = dl.find_shards(data_dir, split)
+        assert [os.path.basename(f) for f in shards] == [f"n_{split}_{first + i:06d}.bin" for i in range(3)]
+        assert [dl.read_shard(f).tolist() for f in shards] == [list(text[i:i + 3]) for i in (0, 3, 6)]
+    assert sorted(os.listdir(data_dir)) == ["meta.json"] + [f"n_train_00000{i}.bin" for i in (1, 2, 3)] + \
         [f"n_val_00000{i}.bin" for i in (0, 1, 2)]  # no .tmp, no empty shard
 
 
