@@ -233,6 +233,13 @@ def test_temperature_takes_its_documented_least_value_and_refuses_below_it(tiny_
         "error: temperature=0.0009 is not allowed: give 0 (greedy) or a temperature ≥ 0.001")
 
 
+def test_the_seed_decides_the_samples(tiny_gpt2):
+    """--seed seeds the sampling: the same seed draws the same texts again, another seed other texts."""
+    args = [f"--init_from={tiny_gpt2[1]}", "--start=Hello", "--num_samples=2", "--max_new_tokens=20"]
+    texts = sample.main(args + ["--seed=1"])
+    assert sample.main(args + ["--seed=1"]) == texts != sample.main(args + ["--seed=2"])
+
+
 @pytest.mark.parametrize("start", ['"a\\nb"', "a\\nb", "'x'"])
 def test_the_prompt_is_taken_as_typed(tiny_gpt2, start):
     """--start is text: its quotes and backslashes stay (no Python literal is read in it)."""
