@@ -282,10 +282,7 @@ def check_config(config):
             bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
         if config["dropout"]:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        try:
-            from kernel import HEAD_DIMS  # the kernel's own table; importing it checks the torch it needs
-        except ImportError as e:
-            bad("impl", e)
+        from kernel import HEAD_DIMS  # the kernel's own table; an ImportError names the torch it needs
         if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
             bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
                         f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "

@@ -313,7 +313,7 @@ def main(argv=None):
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
         args, given = parse_config(sys.argv[1:] if argv is None else argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
-    except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
+    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # our checks, kernel.py's torch, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
         sys.exit(rundir.interrupted(args))  # says how to go on: resume from the checkpoint, or run it again

@@ -30,8 +30,7 @@ class ConfigError(ValueError):
 def require_torch(version):
     """One line, not a traceback from inside torch, where torch.__version__ is older than the README's."""
     if tuple(int(n) for n in version.split(".")[:2]) < (2, 6):
-        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: upgrade torch "
-                          "(pip install -U torch)")
+        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: pip install -U torch")
 
 
 def why(e):
