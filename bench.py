@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from support.configurator import ConfigError, at_least, configure, one_of, requires
+from support.configurator import ConfigError, at_least, configure, one_of, require_torch, requires
 from support.hardware import keep_freed_memory
 from model import GPT, GPTConfig
 from support.kernel_check import check_kernel
@@ -256,6 +256,7 @@ def bench_sample(cfg):
 
 def main(argv):
     try:
+        require_torch(torch.__version__)
         cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
         return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step,
                 "sample": bench_sample}[cfg.what](cfg)

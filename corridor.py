@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular
+from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular, require_torch
 from support.dataloader import get_tokenizer
 from operators import OPS, all_controls, operator_matrix
 from support.rundir import atomic_write, load_checkpoint
@@ -654,6 +654,7 @@ def main(argv):
     usage = "usage: python corridor.py RUN_DIR [RUN_DIR ...] [--out=DIR] [--csv=PATH] | RUN_DIR --text=TEXT"
     paths = [a for a in argv if not a.startswith("-")]
     try:
+        require_torch(torch.__version__)
         opts, given = configure(OPTIONS, [a for a in argv if a.startswith("-")],
                                 dict(out=nonempty, csv=nonempty), files=False,
                                 help_from=[("", sys.modules[__name__])])

@@ -19,6 +19,9 @@ import math
 import os
 
 import torch
+if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 8):  # custom_op: list[int] arguments
+    raise ImportError(f"the fused kernel needs torch >= 2.8 (pip install -U torch), this is torch "
+                      f"{torch.__version__}; use impl=sdpa")
 import triton
 import triton.language as tl
 from torch import Tensor

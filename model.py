@@ -272,7 +272,7 @@ def check_config(config):
             bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
         if config["dropout"]:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        from kernel import HEAD_DIMS  # the kernel's own table
+        from kernel import HEAD_DIMS  # the kernel's own table; an ImportError names the torch it needs
         if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
             bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
                         f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "
@@ -323,8 +323,9 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 
 if __name__ == "__main__":
-    from support.configurator import ConfigError, configure, one_of
+    from support.configurator import ConfigError, configure, one_of, require_torch
     try:
+        require_torch(torch.__version__)
         cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
         if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:  # its heads have no γ to set
             raise ConfigError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from support.configurator import SEED, ConfigError, at_least, configure, optional, requires
+from support.configurator import SEED, ConfigError, at_least, configure, optional, require_torch, requires
 from support.dataloader import get_tokenizer
 from support.hardware import device_rule, pick_device
 from model import GPT
@@ -86,6 +86,7 @@ def sample(cfg, given=frozenset()):
 
 def main(argv):
     try:
+        require_torch(torch.__version__)
         help_from = [("", sys.modules[__name__])] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
         return sample(*configure(DEFAULTS, argv, RULES, files=False, help_from=help_from))
     except ValueError as e:  # ConfigError, DataError

@@ -163,7 +163,7 @@ def test_sdpa_path_matches_materialised_path(op):
         h = xi
         for blk in model.transformer.h:
             h = blk(h)
-        loss = (h * torch.randn_like(h, generator=torch.Generator().manual_seed(3))).sum()
+        loss = (h * torch.randn(h.shape, dtype=h.dtype, generator=torch.Generator().manual_seed(3))).sum()
         loss.backward()
         grads = {n: p.grad for n, p in model.transformer.h.named_parameters()}
         outs.append((h.detach(), xi.grad, grads))
@@ -283,24 +283,21 @@ def test_every_op_overfits_one_batch(op):
     assert first > math.log(TINY["vocab_size"]) - 0.2 and loss.item() < 0.2, (first, loss.item())
 
 
-# the kernel on a GPU, or under the interpreter on a CPU
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def kernel_and_sdpa_models():
-    """The same mix model (head size 16, distinct γ/δ per head) with impl='triton' and impl='sdpa'."""
-    pytest.importorskip("triton")
+def kernel_and_sdpa_models(device):
+    """The same mix model (head size 16, distinct γ/δ per head) with impl='triton' and impl='sdpa', on the
+    device where the kernel runs (conftest.py's kernel_device: the GPU, or a CPU in the interpreter)."""
     torch.manual_seed(0)
     models = [GPT(tiny("mix", impl=impl, n_embd=64)) for impl in ("triton", "sdpa")]
     models[1].load_state_dict(models[0].state_dict())
     for m in models:
         set_corridor(m, *random_corridor(m.config))
-    return [m.to(DEVICE) for m in models]
+    return [m.to(device) for m in models]
 
 
 def assert_same_loss_and_grads(forwards, models):
     torch.backends.cuda.matmul.allow_tf32 = False  # full fp32 matmuls on both sides
-    losses = [f(tokens().to(DEVICE), tokens().to(DEVICE))[1] for f in forwards]
+    device = next(models[0].parameters()).device
+    losses = [f(tokens().to(device), tokens().to(device))[1] for f in forwards]
     for loss in losses:
         loss.backward()
     assert abs(losses[0].item() - losses[1].item()) < 1e-5
@@ -308,10 +305,10 @@ def assert_same_loss_and_grads(forwards, models):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
 
 
-def test_kernel_training_step_equals_sdpa_step():
+def test_kernel_training_step_equals_sdpa_step(kernel_device):
     """A training step through the fused Triton kernel (CPU interpreter here) gives the loss and the
     gradients of the SDPA step."""
-    models = kernel_and_sdpa_models()
+    models = kernel_and_sdpa_models(kernel_device)
     assert_same_loss_and_grads(models, models)
     # and the same optimizer step (plain SGD: AdamW would blow rounding noise in zero gradients up to lr)
     for m in models:
@@ -320,9 +317,9 @@ def test_kernel_training_step_equals_sdpa_step():
         assert torch.allclose(p, q, atol=1e-6)
 
 
-def test_compiled_model_through_the_kernel_equals_eager_sdpa():
+def test_compiled_model_through_the_kernel_equals_eager_sdpa(kernel_device):
     """torch.compile traces around the kernel's custom op (q arrives as a transposed, non-contiguous view)."""
-    models = kernel_and_sdpa_models()
+    models = kernel_and_sdpa_models(kernel_device)
     compiled = torch.compile(models[0], backend="aot_eager", fullgraph=True)
     assert_same_loss_and_grads([compiled, models[1]], models)
 
@@ -464,9 +461,6 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
     (dict(impl="triton", dropout=0.1),
      "impl='triton' is not allowed: the fused kernel has no attention dropout; use dropout=0.0 or "
      "impl='sdpa'"),
-    (dict(impl="triton", n_embd=192, n_head=4),
-     "impl='triton' is not allowed: the fused kernel takes head sizes 16, 32, 64 and 128, not n_embd / "
-     "n_head = 48; use impl='sdpa'"),
     (dict(gelu="fast"), "gelu='fast' is not allowed: choose one of none, tanh"),
     (dict(op="attention", gamma_init=-0.5),
      "gamma_init is not a control of op='attention' (its controls: none); drop it or change op"),
@@ -513,13 +507,17 @@ def test_impl_triton_without_triton_is_refused_by_the_config(monkeypatch):
 def test_impl_triton_takes_exactly_the_kernels_head_sizes():
     """GPTConfig refuses impl='triton' with a head size the kernel has no launch config for at once, where the
     config is made (before a run prepares data), and takes every head size kernel.py's table has."""
-    kernel = pytest.importorskip("kernel")
+    kernel = pytest.importorskip("kernel", exc_type=ImportError)
     for head_size in range(1, 257):
         if head_size in kernel.HEAD_DIMS:
             GPTConfig(n_head=2, n_embd=2 * head_size, impl="triton")
         else:
             with pytest.raises(ValueError, match=f"not n_embd / n_head = {head_size}; use impl='sdpa'"):
                 GPTConfig(n_head=2, n_embd=2 * head_size, impl="triton")
+    with pytest.raises(ValueError) as e:
+        tiny("attention", impl="triton", n_embd=192, n_head=4)
+    assert str(e.value) == ("impl='triton' is not allowed: the fused kernel takes head sizes 16, 32, 64 and "
+                            "128, not n_embd / n_head = 48; use impl='sdpa'")
 
 
 def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit():
@@ -545,6 +543,7 @@ def test_from_checkpoint_rebuilds_the_model_and_refuses_weights_that_do_not_fit(
 def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
     """A setting the caller changes is checked as the caller's (GPTConfig's own line: a triton run resumed
     with dropout is the user's choice, not a damaged checkpoint); the checkpoint's own ones as the file's."""
+    pytest.importorskip("kernel", exc_type=ImportError)  # kernel.py says which torch it needs
     model = GPT(tiny("mix", impl="triton", n_head=2))  # head size 16, which the kernel takes
     ckpt = {"model": model.state_dict(), "model_args": vars(model.config)}
     with pytest.raises(ValueError) as e:
@@ -615,7 +614,7 @@ def test_model_imports_and_builds_where_triton_is_missing():
 
 def test_the_config_takes_the_head_sizes_from_the_kernels_table(monkeypatch):
     """The head-size rule is kernel.HEAD_DIMS, said once: the config's refusal follows the table."""
-    kernel = pytest.importorskip("kernel")
+    kernel = pytest.importorskip("kernel", exc_type=ImportError)
     monkeypatch.setattr(kernel, "HEAD_DIMS", (16, 32, 48))
     assert GPTConfig(n_head=2, n_embd=96, impl="triton").n_embd == 96  # head size 48, now in the table
     with pytest.raises(ValueError) as e:

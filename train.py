@@ -22,7 +22,7 @@ from model import GPT, GPTConfig, check_config
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
-from support.configurator import configure
+from support.configurator import configure, require_torch
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
 from support.hardware import compiled_wrapped_warmed, end_process, exit_status, peak_flops, start_process
 
@@ -311,9 +311,10 @@ def train(cfg, ckpt, changed):
 def main(argv=None):
     args = None
     try:
+        require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
         args, given = parse_config(sys.argv[1:] if argv is None else argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
-    except (ValueError, FloatingPointError, OSError) as e:  # ConfigError, DataError, the model's checks, I/O
+    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # our checks, kernel.py's torch, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
         sys.exit(rundir.interrupted(args))  # says how to go on: resume from the checkpoint, or run it again

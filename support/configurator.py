@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A bad setting, explained in one line that says what to do."""
 
 
+def require_torch(version):
+    """One line, not a traceback from inside torch, where torch.__version__ is older than the README's."""
+    if tuple(int(n) for n in version.split(".")[:2]) < (2, 6):
+        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: pip install -U torch")
+
+
 def why(e):
     """An exception in a few words: its type and the first line of its message."""
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"

@@ -193,12 +193,11 @@ def main(argv, fn=None):
     """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
     try:
         cfg = configure(DEFAULTS, argv, files=False, help_from=[("", sys.modules[__name__])])[0]
-    except ConfigError as e:
+        if fn is None:
+            from kernel import mix_attention as fn  # kernel.py says which torch it needs
+    except (ConfigError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if fn is None:
-        import kernel
-        fn = kernel.mix_attention
     cuda = torch.cuda.is_available()
     passed = [check_accuracy(fn, torch.device("cuda" if cuda else "cpu"))]
     if cuda and cfg.tests:

@@ -27,7 +27,6 @@ from helpers import QUICK, ROOT, char_dataset, workdir  # noqa: F401 (a fixture)
 from model import GPT, GPTConfig
 
 BLOCK = 16
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel on a GPU, or its CPU interpreter
 
 
 def tiny_model(op, impl="sdpa", dtype=torch.float64, **controls):
@@ -102,12 +101,11 @@ def test_greedy_generation_equals_a_full_forward_per_token(monkeypatch, op, impl
 
 
 @pytest.mark.slow
-def test_triton_prompt_then_cached_tokens_equal_its_full_forward(monkeypatch):
+def test_triton_prompt_then_cached_tokens_equal_its_full_forward(monkeypatch, kernel_device):
     """impl=triton computes the prompt with the fused kernel; one-token queries go through SDPA."""
-    pytest.importorskip("triton")
     torch.backends.cuda.matmul.allow_tf32 = False
-    model = tiny_model("mix", impl="triton", dtype=torch.float32).to(DEVICE)
-    idx, n = prompts(B=2).to(DEVICE), BLOCK - 5 + 3  # the prompt, 10 cached tokens, 3 rebuilt caches
+    model = tiny_model("mix", impl="triton", dtype=torch.float32).to(kernel_device)
+    idx, n = prompts(B=2).to(kernel_device), BLOCK - 5 + 3  # the prompt, 10 cached tokens, 3 rebuilt caches
     got, _, seen = generate_recorded(model, monkeypatch, idx, n, temperature=0)
     want, want_seen = full_forward_per_token(model, idx, n)
     assert torch.equal(got, want)
@@ -306,13 +304,12 @@ WITHOUT_TRITON = """if 1:
 
 
 @pytest.mark.slow
-def test_a_run_trained_with_the_kernel_samples_and_draws_where_triton_is_missing(workdir):
+def test_a_run_trained_with_the_kernel_samples_and_draws_where_triton_is_missing(workdir, kernel_device):
     """A run trained with impl=triton (on a CPU in the interpreter), handed to a machine without triton and
     without TRITON_INTERPRET: sample.py and corridor.py --text, run as a user runs them, use SDPA."""
-    pytest.importorskip("triton")
     char_dataset("tiny", CHARS)
-    on = ["--device=cuda"] if torch.cuda.is_available() else []  # the kernel on a GPU, else the interpreter
-    train.main(QUICK + ["--impl=triton", "--dataset=tiny", "--val_tokens=64", "--out_dir=run", *on])
+    train.main(QUICK + ["--impl=triton", "--dataset=tiny", "--val_tokens=64", "--out_dir=run",
+                        f"--device={kernel_device}"])
     assert torch.load("run/ckpt.pt", weights_only=True)["model_args"]["impl"] == "triton"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 

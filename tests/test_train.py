@@ -739,52 +739,55 @@ def test_main_stops_a_nan_with_one_line_before_saving_it(workdir, monkeypatch):
 # --- the fused kernel: asked for with impl=triton, checked against float64 before the first step ------------
 
 
-def test_a_run_with_the_fused_kernel_checks_it_before_its_first_step(workdir, capsys):
-    """In the Triton interpreter on a CPU (conftest.py), as a user's GPU runs it: one line says the check
-    passed, before any training step; then the run trains."""
-    pytest.importorskip("triton")
+def test_a_run_with_the_fused_kernel_checks_it_before_its_first_step(workdir, capsys, kernel_device):
+    """On the GPU, or in the Triton interpreter on a CPU (conftest.py): one line says the check passed,
+    before any training step; then the run trains."""
     run("--impl=triton", "--max_iters=2", "--eval_interval=2", "--val_tokens=256", "--eval_iters=1",
-        "--out_dir=out/k")  # the interpreter is slow: evaluations small
+        "--out_dir=out/k", f"--device={kernel_device}", "--dtype=float32")  # the interpreter is slow: small
     out = capsys.readouterr().out
     assert out.index("kernel check: ") < out.index("iter 1:")
     assert "float32, head size 16" in out.split("kernel check: ")[1].splitlines()[0]
     assert [r["iter"] for r in read_log("out/k", "train")] == [1, 2]
 
 
-def test_a_kernel_one_percent_off_stops_the_run_before_anything_is_written(workdir, monkeypatch):
+def test_a_kernel_one_percent_off_stops_the_run_before_anything_is_written(workdir, monkeypatch,
+                                                                          kernel_device):
     """A planted 1% error in the kernel's forward output: one line naming device, dtype and head size, no
     traceback, no step, no run directory."""
-    kernel = pytest.importorskip("kernel")
+    import kernel
     right = kernel.mix_attention
     monkeypatch.setattr(kernel, "mix_attention", lambda *args, **kw: 1.01 * right(*args, **kw))
     steps = []
     monkeypatch.setattr(train, "log_train", lambda *args, **record: steps.append(record))
     with pytest.raises(SystemExit) as e:
-        train.main(TINY + ["--impl=triton", "--max_iters=2", "--out_dir=out/k"])
+        train.main(TINY + ["--impl=triton", "--max_iters=2", "--out_dir=out/k", f"--device={kernel_device}",
+                           "--dtype=float32"])
     line = str(e.value.code)
-    assert line.startswith("error: ") and "\n" not in line and "cpu, float32, head size 16" in line, line
+    assert line.startswith("error: ") and "\n" not in line and "float32, head size 16: out error 1" in line
     assert steps == [] and not os.path.exists("out/k")
 
 
 @pytest.mark.parametrize("resumed", [False, True])
-def test_a_resumed_run_is_checked_as_a_new_one(workdir, monkeypatch, resumed):
+def test_a_resumed_run_is_checked_as_a_new_one(workdir, monkeypatch, resumed, kernel_device):
     """The set-up checks a run that continues a checkpoint as it checks a new one: settings that must agree,
     the model's settings (GPTConfig), and the fused kernel against float64 (here planted 1% off), each in one
     line before any step; the run directory is as it was."""
-    kernel = pytest.importorskip("kernel")
+    import kernel
+    device = [f"--device={kernel_device}", "--dtype=float32"]  # the kernel on the GPU, or in the interpreter
     if resumed:
-        run("--max_iters=2", "--eval_interval=2", "--out_dir=out/r")
+        run("--max_iters=2", "--eval_interval=2", "--out_dir=out/r", *device)
     before = {f: open(f"out/r/{f}", "rb").read() for f in os.listdir("out/r")} if resumed else {}
-    args = TINY + ["--max_iters=4", "--out_dir=out/r"] + (["--init_from=resume"] if resumed else [])
+    args = TINY + ["--max_iters=4", "--out_dir=out/r", *device] + (["--init_from=resume"] if resumed else [])
     right = kernel.mix_attention
     monkeypatch.setattr(kernel, "mix_attention", lambda *a, **kw: 1.01 * right(*a, **kw))
     for given, says in ((["--save_every=3", "--eval_interval=2"], "save_every=3 must be a multiple of "),
                         (["--impl=triton", "--dropout=0.1"], "impl='triton' is not allowed: the fused kernel "
                                                              "has no attention dropout"),
-                        (["--impl=triton"], "kernel check: the fused Triton kernel failed on cpu, float32")):
+                        (["--impl=triton"], "kernel check: the fused Triton kernel failed on ")):
         with pytest.raises(SystemExit) as e:
             train.main(args + given)
         assert str(e.value.code).startswith("error: " + says), e.value.code
+    assert "float32, head size 16: out error" in str(e.value.code)  # the planted 1%, in the run's dtype
     after = {f: open(f"out/r/{f}", "rb").read() for f in os.listdir("out/r")} if resumed else {}
     assert after == before and os.path.exists("out/r") == resumed
 
