@@ -58,8 +58,7 @@ class HeadOperator(nn.Module):
         """Raise a ValueError that names the control when a value is not allowed (its type: GPTConfig's)."""
 
     @staticmethod
-    def meaning(n_head, key, value):
-        """What a control's value means on n_head heads: itself, unless None stands for something."""
+    def meaning(n_head, key, value):  # what a control's value means on n_head heads: itself, unless None
         return value
 
     def scalar(self, name, value, learn=True):

@@ -290,10 +290,9 @@ def restore(ckpt, optimizer, train_loader):
 
 
 def trim_log(path, iter_num):
-    """On resume, keep the history of what the checkpoint at iter_num holds: the training and evaluations up
-    to it, and the starts before it. Later records, a 'done', and a start at iter_num (an attempt that resumed
-    from this checkpoint and saved nothing: its work is gone) go. Only a last line cut off by a crash may be
-    unreadable."""
+    """On resume, keep the history of what the checkpoint at iter_num holds: its training and evaluations, and
+    the starts before it (one at iter_num resumed from it and saved nothing: its work is gone). Only a last
+    line cut off by a crash may be unreadable."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     keep = []
@@ -355,9 +354,8 @@ class RunLog:
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, cfg, resume_iter, changed):
-    """On the writing process (run.writes): claim cfg.out_dir and start run's log there with a start record.
-    resume_iter: the checkpoint's iteration when resuming, else None; changed: the settings this resume
-    changed, with their values before it."""
+    """On the writing process (run.writes): claim cfg.out_dir, start run's log there with a start record.
+    resume_iter: the checkpoint's iteration (None: a new run); changed: {setting a resume changed: before}."""
     if not run.writes:
         return
     claim_run_dir(cfg.out_dir, resume_iter is not None)

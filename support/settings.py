@@ -91,13 +91,10 @@ def work_out(args, given, defaults):
 
 
 def means(fixed, k, value):
-    """What a model setting's value means for the model whose settings fixed holds: an op control's None
-    resolved (OPS[op].meaning); any other value, itself."""
-    op, n_head = fixed.get("op"), fixed.get("n_head")
-    Op = OPS.get(op) if isinstance(op, str) else None
-    if Op is None or k not in Op.controls or type(n_head) is not int:  # damaged: from_checkpoint refuses it
-        return value
-    return Op.meaning(n_head, k, value)
+    """A model setting's value as the model whose settings fixed holds reads it: an op control's None resolved
+    (OPS[op].meaning), any other value itself. (A damaged op: GPT.from_checkpoint refuses the file.)"""
+    Op = OPS.get(fixed["op"]) if isinstance(fixed.get("op"), str) else None
+    return Op.meaning(fixed.get("n_head"), k, value) if Op is not None and k in Op.controls else value
 
 
 def check_gpt2_tokens(init_from, dataset, meta):
