@@ -83,7 +83,7 @@ def load_run(path):
             raise ValueError(f"{cfg_path}: '{key}' must be a number, not {value!r}")
     with open_regular(log_path) as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
-    records, warnings = [], []
+    records, warnings, changed = [], [], {}
     for lineno, line in lines:
         where = f"{log_path}:{lineno}"
         try:
@@ -98,6 +98,9 @@ def load_run(path):
             raise ValueError(f"{where}: expected a JSON object")
         if rec.get("event") == "start" and not isinstance(rec.get("changed", {}), dict):
             raise ValueError(f"{where}: start record's 'changed' must be an object (setting: value before)")
+        # each setting a resume changed: (its value before the first resume that did, config's now)
+        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
+            changed.setdefault(k, (was, config.get(k)))
         if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
@@ -124,10 +127,6 @@ def load_run(path):
     if not math.isfinite(last["val_loss"]):
         warnings.append(f"{log_path}: the val loss became {last['val_loss']} at iter {last['iter']}: "
                         "the run diverged")
-    changed = {}  # each setting a resume changed: (its value before the first resume that did, config's now)
-    for rec in records:
-        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
-            changed.setdefault(k, (was, config.get(k)))
     if "seed" in changed:  # paired by the seed its initial weights and first steps came from
         config = {**config, "seed": changed["seed"][0]}
     return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
@@ -142,12 +141,6 @@ def describe(run):
     cfg = run["config"]
     seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
     return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
-
-
-def changes(run):
-    """The settings resumes of the run changed, but those that leave the experiment alone: 'k=now (was v)'."""
-    return ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
-                     if k == "seed" or k not in NOT_EXPERIMENT)
 
 
 def learns_gamma(run):
@@ -167,7 +160,9 @@ def summarize(run):
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
-         "changed": changes(run),
+         # the settings resumes changed, but those that leave the experiment alone: 'k=now (was v)'
+         "changed": ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
+                              if k == "seed" or k not in NOT_EXPERIMENT),
          "fixed": None, "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
     if op == "attention":
         s["fixed"] = "attention: γ=0, δ=1 fixed"
