@@ -402,8 +402,7 @@ def print_table(header, rows, left=1):
         print("   " + " ".join(cells).rstrip())
 
 
-def group_cells(g):
-    """One row of the seed-group table (see the legend report prints under it)."""
+def group_cells(g):  # one row of the seed-group table (see the legend report prints under it)
     val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
     deep = "fixed" if not g["learns_gamma"] else (
         "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
@@ -423,8 +422,7 @@ def paired_cell(s):
 
 
 def report(runs, each=True):
-    """Print each run's summary and the table of runs (if each), then the seed groups, the confirmations
-    and where the learned groups' γ ended, layer by layer."""
+    """Print each run's summary and the table of runs (if each), then the tables of the seed groups."""
     for run in runs if each else []:
         s = summarize(run)
         print(f"== {s['name']}  ({s['label']})")
@@ -512,11 +510,10 @@ def write_csv(runs, path):
     for run in runs:
         cfg, last = run["config"], run["evals"][-1]
         start = next((r for r in run["records"] if r.get("event") == "start"), {})
-        bpb = last.get("val_bpb")
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
         row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"],
                    iters=last["iter"], val_loss=repr(float(last["val_loss"])),
-                   val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
+                   val_bpb=repr(float(last["val_bpb"])) if is_number(last.get("val_bpb")) else "",
                    final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
                    commit=str(start["commit"]) if start.get("commit") else "unknown")
         for k in CSV_TEXT:  # seed is text only where config.json made it a string
