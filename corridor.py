@@ -83,7 +83,7 @@ def load_run(path):
             raise ValueError(f"{cfg_path}: '{key}' must be a number, not {value!r}")
     with open_regular(log_path) as f:  # bytes: a line that is not UTF-8 can then be named by its number
         lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
-    records, warnings = [], []
+    records, warnings, changed = [], [], {}
     for lineno, line in lines:
         where = f"{log_path}:{lineno}"
         try:
@@ -98,6 +98,9 @@ def load_run(path):
             raise ValueError(f"{where}: expected a JSON object")
         if rec.get("event") == "start" and not isinstance(rec.get("changed", {}), dict):
             raise ValueError(f"{where}: start record's 'changed' must be an object (setting: value before)")
+        # each setting a resume changed: (its value before the first resume that did, config's now)
+        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
+            changed.setdefault(k, (was, config.get(k)))
         if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
             for key in ("iter", "val_loss", "gamma", "delta"):
                 if key not in rec:
@@ -124,10 +127,6 @@ def load_run(path):
     if not math.isfinite(last["val_loss"]):
         warnings.append(f"{log_path}: the val loss became {last['val_loss']} at iter {last['iter']}: "
                         "the run diverged")
-    changed = {}  # each setting a resume changed: (its value before the first resume that did, config's now)
-    for rec in records:
-        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
-            changed.setdefault(k, (was, config.get(k)))
     if "seed" in changed:  # paired by the seed its initial weights and first steps came from
         config = {**config, "seed": changed["seed"][0]}
     return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
@@ -142,12 +141,6 @@ def describe(run):
     cfg = run["config"]
     seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
     return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
-
-
-def changes(run):
-    """The settings resumes of the run changed, but those that leave the experiment alone: 'k=now (was v)'."""
-    return ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
-                     if k == "seed" or k not in NOT_EXPERIMENT)
 
 
 def learns_gamma(run):
@@ -167,7 +160,9 @@ def summarize(run):
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
-         "changed": changes(run),
+         # the settings resumes changed, but those that leave the experiment alone: 'k=now (was v)'
+         "changed": ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
+                              if k == "seed" or k not in NOT_EXPERIMENT),
          "fixed": None, "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
     if op == "attention":
         s["fixed"] = "attention: γ=0, δ=1 fixed"
@@ -407,8 +402,7 @@ def print_table(header, rows, left=1):
         print("   " + " ".join(cells).rstrip())
 
 
-def group_cells(g):
-    """One row of the seed-group table (see the legend report prints under it)."""
+def group_cells(g):  # one row of the seed-group table (see the legend report prints under it)
     val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
     deep = "fixed" if not g["learns_gamma"] else (
         "n/a" if g["deep_mean"] is None else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}")
@@ -428,8 +422,7 @@ def paired_cell(s):
 
 
 def report(runs, each=True):
-    """Print each run's summary and the table of runs (if each), then the seed groups, the confirmations
-    and where the learned groups' γ ended, layer by layer."""
+    """Print each run's summary and the table of runs (if each), then the tables of the seed groups."""
     for run in runs if each else []:
         s = summarize(run)
         print(f"== {s['name']}  ({s['label']})")
@@ -517,11 +510,10 @@ def write_csv(runs, path):
     for run in runs:
         cfg, last = run["config"], run["evals"][-1]
         start = next((r for r in run["records"] if r.get("event") == "start"), {})
-        bpb = last.get("val_bpb")
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
         row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"],
                    iters=last["iter"], val_loss=repr(float(last["val_loss"])),
-                   val_bpb=repr(float(bpb)) if isinstance(bpb, (int, float)) else "",
+                   val_bpb=repr(float(last["val_bpb"])) if is_number(last.get("val_bpb")) else "",
                    final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
                    commit=str(start["commit"]) if start.get("commit") else "unknown")
         for k in CSV_TEXT:  # seed is text only where config.json made it a string
