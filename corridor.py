@@ -7,10 +7,10 @@ corridor.py: read nanoCorridor run directories, report where the heads' γ ended
 
 Each head applies δ(γI + P) to its values; the paper claims most heads beyond layer 1 learn γ ∈ (−1, 0), the
 "convex corridor". Prints each run's losses and final γ and δ, then for runs that differ only in seed, paired
-statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+); a resume's
-changes are named, and a changed seed pairs a run under the seed its initial weights came from. Writes PNG
-figures (with fixed-γ runs, corridor_curve.png: val loss against γ, δ = 1) and with --csv one row per run.
-With --text, loads the run's checkpoint and draws what each head applies on that text (operators.png).
+statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+; what a resume
+changed is named, a changed seed pairs under the one before). Writes PNG figures (with fixed-γ runs,
+corridor_curve.png: val loss against γ, δ = 1), with --csv one row per run, with --text every head's operator
+on that text, from the run's checkpoint (operators.png).
 """
 import csv
 import io
@@ -431,8 +431,6 @@ def report(runs, each=True):
                       and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
         print(f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
               f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
-        if s["changed"]:
-            print(f"   resumed with settings changed: {s['changed']}")
         if s["fixed"]:
             print(f"   {s['fixed']}")
             continue
@@ -467,11 +465,8 @@ def report(runs, each=True):
           "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
           "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
           "seed, zero spread, no attention run or a NaN loss).")
-    resumed = [line for g in groups for line in g["changed"]]
-    if resumed:
-        print("   resumed with settings changed, so not one setting from start to end (a run whose seed "
-              "changed is paired\n   under the seed before, which its initial weights came from):\n   "
-              + "\n   ".join(resumed))
+    for line in [line for g in groups for line in g["changed"]]:  # so not one setting from start to end
+        print(f"   resumed with settings changed (a changed seed: paired under the seed before): {line}")
     cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
              for r in confirmations(groups)]
     if cells:

@@ -246,8 +246,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT that train.py's checkpoint dict holds, with changes: the caller's settings that are not
-        weights (dropout, impl). A file that does not fit this code is refused in one line."""
+        """The GPT of train.py's checkpoint dict, with the caller's dropout, impl; one line if unfit."""
         from support.rundir import checked_model  # lazy: the checks of a checkpoint live with its loader
         return checked_model(cls, GPTConfig, ckpt, changes)
 

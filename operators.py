@@ -57,10 +57,6 @@ class HeadOperator(nn.Module):
     def check(cls, n_head, controls):
         """Raise a ValueError that names the control when a value is not allowed (its type: GPTConfig's)."""
 
-    @staticmethod
-    def meaning(n_head, key, value):  # what a control's value means on n_head heads: itself, unless None
-        return value
-
     def scalar(self, name, value, learn=True):
         """One value per head: a Parameter when learned, else a buffer (saved, never trained)."""
         t = torch.full((self.n_head,), float(value))
@@ -109,7 +105,7 @@ class Laplacian(HeadOperator):
                              f"give an integer in 0..n_head={n_head}, or None for half")
 
     @staticmethod
-    def meaning(n_head, key, value):
+    def meaning(n_head, key, value):  # what a control's value means (an op whose None stands for something)
         return n_head // 2 if value is None else value  # laplacian_heads=None: half the heads
 
     def __init__(self, n_head, laplacian_heads):

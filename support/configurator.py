@@ -27,8 +27,7 @@ class ConfigError(ValueError):
     """A bad setting, explained in one line that says what to do."""
 
 
-def require_torch(version):
-    """One line, not a traceback from inside torch, where torch.__version__ is older than the README's."""
+def require_torch(version):  # one line, not a traceback from inside torch
     if tuple(int(n) for n in version.split(".")[:2]) < (2, 6):
         raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: pip install -U torch")
 

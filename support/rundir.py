@@ -2,8 +2,7 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings of ckpt.pt (written with it)
-    log.jsonl     one JSON record per line: start (a resume's: what it changed), train, eval, done; after a
-                  resume, the history of what ckpt.pt holds, then the resumed run's records
+    log.jsonl     one JSON record per line: start (with what a resume changed), train, eval, done
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
@@ -216,21 +215,19 @@ def load_checkpoint(path):
 
 def checked_model(GPT, GPTConfig, ckpt, changes):
     """model.py's GPT that a loaded checkpoint holds: its model_args but changes (the caller's own settings),
-    its weights loaded strictly. What does not fit this code is one ValueError line. Every name and shape is
-    compared on the meta device first, in no memory: a damaged file may claim a far larger model."""
+    its weights loaded strictly; what does not fit this code is one ValueError line."""
     saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
     try:
         config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
     except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
         raise ValueError(unfit(e)) from None
     config = dataclasses.replace(config, **changes)  # a bad change gets GPTConfig's line: it is the caller's
-    with torch.device("meta"):
-        skeleton = GPT(config)
-    shapes = {k: t.to("meta") if isinstance(t, torch.Tensor) else t for k, t in ckpt["model"].items()}
     try:
-        skeleton.load_state_dict(shapes, strict=True)
-        model = GPT(config)
-        model.load_state_dict(ckpt["model"], strict=True)
+        for device in ("meta", "cpu"):  # every name and shape first, in no memory: a file may claim more
+            with torch.device(device):
+                model = GPT(config)
+            model.load_state_dict({k: t.to(device) if isinstance(t, torch.Tensor) else t
+                                   for k, t in ckpt["model"].items()}, strict=True)
     except RuntimeError as e:
         raise ValueError(unfit(e)) from None
     return model
@@ -290,9 +287,8 @@ def restore(ckpt, optimizer, train_loader):
 
 
 def trim_log(path, iter_num):
-    """On resume, keep the history of what the checkpoint at iter_num holds: its training and evaluations, and
-    the starts before it (one at iter_num resumed from it and saved nothing: its work is gone). Only a last
-    line cut off by a crash may be unreadable."""
+    """On resume, keep the history of what the checkpoint at iter_num holds: its training, evaluations and
+    earlier starts (one at iter_num saved nothing). Only a last line cut off by a crash may be unreadable."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     keep = []
@@ -354,8 +350,8 @@ class RunLog:
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
 def start_run_dir(run, cfg, resume_iter, changed):
-    """On the writing process (run.writes): claim cfg.out_dir, start run's log there with a start record.
-    resume_iter: the checkpoint's iteration (None: a new run); changed: {setting a resume changed: before}."""
+    """On the writing process: claim cfg.out_dir, start its log with a start record (resume_iter: the
+    checkpoint's iteration, None for a new run; changed: {each setting a resume changed: its old value})."""
     if not run.writes:
         return
     claim_run_dir(cfg.out_dir, resume_iter is not None)
@@ -366,8 +362,8 @@ def start_run_dir(run, cfg, resume_iter, changed):
 
 
 def save_checkpoint(run, checkpoint, write_ckpt_pt):
-    """train.py's checkpoint dict as ckpt.pt if write_ckpt_pt, and as ckpt_NNNNNN.pt if save_every is due;
-    then config.json, the settings of ckpt.pt that every reader takes: written only once they are saved."""
+    """train.py's checkpoint as ckpt.pt if write_ckpt_pt and as ckpt_NNNNNN.pt if save_every is due; after
+    ckpt.pt, config.json: its settings, which every reader takes (so written only once they are saved)."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if write_ckpt_pt else []
     if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
@@ -376,8 +372,8 @@ def save_checkpoint(run, checkpoint, write_ckpt_pt):
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         run.say(f"saved checkpoint to {path}")
     if write_ckpt_pt:  # (after the log's first lines: a config.json without a log is no run's, check_run_dir)
-        settings = json.dumps(cfg, indent=1)
-        atomic_write(os.path.join(cfg["out_dir"], "config.json"), lambda f: f.write(settings.encode()))
+        settings = json.dumps(cfg, indent=1).encode()
+        atomic_write(os.path.join(cfg["out_dir"], "config.json"), lambda f: f.write(settings))
 
 
 def stop_if_not_finite(what, value, iter_num, out_dir):

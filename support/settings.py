@@ -33,10 +33,8 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
 
 def work_out(args, given, defaults):
     """(cfg, ckpt, changed): the settings that run, worked out once before any device or data is touched, from
-    args, train.py's settings as given (given: the keys set). A run of out_dir's checkpoint (resumed or
-    evaluated) keeps its settings but those given (changed: each one they change, with its value before); a
-    checkpoint or GPT-2 fixes the model: a model setting given that means another model is refused. The writer
-    locks out_dir before reading ckpt.pt."""
+    args as given (given: the keys set). A run of out_dir's checkpoint keeps its settings but those given
+    (changed: {key: old value}); a checkpoint or GPT-2 fixes the model. The writer locks out_dir first."""
     ckpt, kept, changed, fixed = None, {}, {}, {}
     if args.init_from == "resume" or (args.eval_only and args.init_from == "scratch"):
         path = os.path.join(args.out_dir, "ckpt.pt")
@@ -91,10 +89,10 @@ def work_out(args, given, defaults):
 
 
 def means(fixed, k, value):
-    """A model setting's value as the model whose settings fixed holds reads it: an op control's None resolved
-    (OPS[op].meaning), any other value itself. (A damaged op: GPT.from_checkpoint refuses the file.)"""
-    Op = OPS.get(fixed["op"]) if isinstance(fixed.get("op"), str) else None
-    return Op.meaning(fixed.get("n_head"), k, value) if Op is not None and k in Op.controls else value
+    """A model setting's value as the model fixed describes reads it: an op control's None resolved."""
+    Op = OPS.get(fixed["op"]) if isinstance(fixed.get("op"), str) else None  # else from_checkpoint refuses
+    meaning = getattr(Op, "meaning", None)  # an op's own, where a control's None stands for something
+    return meaning(fixed.get("n_head"), k, value) if meaning and k in Op.controls else value
 
 
 def check_gpt2_tokens(init_from, dataset, meta):
