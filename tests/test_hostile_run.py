@@ -240,7 +240,7 @@ def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finishe
 @pytest.mark.skipif(os.name == "nt", reason="reads the peak memory with the POSIX module resource")
 @pytest.mark.parametrize("script", ["sample.py", pytest.param("train.py", marks=pytest.mark.slow)])
 def test_a_checkpoint_claiming_a_far_larger_model_is_refused_before_it_is_built(finished_run, script):
-    """model_args edited to claim 1.6 GB of weights (n_embd 4096, not 32) that the file does not hold: the
+    """model_args edited to claim 0.8 GB of weights (n_embd 4096, not 32) that the file does not hold: the
     shapes are compared before any memory is taken for the model, so the peak stays far below it."""
     edit_checkpoint(finished_run, lambda c: c["model_args"].update(n_embd=4096))
     args = [f"--out_dir={finished_run}"] + (RESUME if script == "train.py" else [])
@@ -252,7 +252,7 @@ def test_a_checkpoint_claiming_a_far_larger_model_is_refused_before_it_is_built(
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert_one_line(p, "does not fit this code (RuntimeError: Error(s) in loading state_dict for GPT: size "
                        "mismatch for transformer.wte.weight")
-    assert int(p.stdout.split()[-1]) < 1000, p.stdout  # MiB: torch itself and a tiny checkpoint
+    assert int(p.stdout.split()[-1]) < 700, p.stdout  # MiB: torch itself (370 here) and a tiny checkpoint
 
 
 @pytest.mark.slow
