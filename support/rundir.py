@@ -295,8 +295,8 @@ def trim_log(path, iter_num):
     for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            if (record["event"] in ("train", "eval") and record["iter"] <= iter_num
-                    or record["event"] == "start" and record["iter"] < iter_num):
+            last = iter_num - 1 if record["event"] == "start" else iter_num  # one at iter_num saved nothing
+            if record["iter"] <= last and record["event"] != "done":
                 keep.append(line.rstrip(b"\n") + b"\n")
         except (ValueError, TypeError, KeyError):  # not JSON or UTF-8, not a record
             if n == len(lines):
