@@ -1,16 +1,16 @@
 """
-corridor.py: read nanoCorridor run directories, report where the heads' γ ended up and how the runs compare.
+corridor.py: where the heads' γ ended up in nanoCorridor runs, and how the runs compare with attention.
 
     python corridor.py out/mix_s0 [out/attention_s0 ...] [--out=DIR] [--csv=PATH]
     python corridor.py docs/corridor_runs.csv    # every statistic again, from the table --csv wrote
     python corridor.py out/demo --text="for i in range(10):"    # every head's operator on a text you choose
 
 Each head applies δ(γI + P) to its values; the paper claims most heads beyond layer 1 learn γ ∈ (−1, 0), the
-"convex corridor". Prints each run's losses and final γ and δ, then for runs that differ only in seed, paired
-statistics against attention (variants chosen on seeds below 100 are judged again on seeds 100+; what a resume
-changed is named, a changed seed pairs under the one before). Writes PNG figures (with fixed-γ runs,
-corridor_curve.png: val loss against γ, δ = 1), with --csv one row per run, with --text every head's operator
-on that text, from the run's checkpoint (operators.png).
+"convex corridor". For each run: its history (what each resume changed), its losses and its final γ and δ,
+all as of its checkpoint (records logged after it are named and left out). Then, for runs that differ only
+in seed, paired statistics against attention (variants chosen on seeds below 100 are judged again on seeds
+100+). Writes PNG figures (with fixed-γ runs, corridor_curve.png: val loss against γ, δ = 1), with --csv one
+row per run, with --text every head's operator on that text, from the run's checkpoint (operators.png).
 """
 import csv
 import io
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from support.configurator import ConfigError, configure, nonempty, open_regular, read_regular, require_torch
+from support.configurator import ConfigError, configure, nonempty, read_regular, require_torch
 from support.dataloader import get_tokenizer
 from operators import OPS, all_controls, operator_matrix
-from support.rundir import atomic_write, load_checkpoint
+from support.rundir import atomic_write, load_checkpoint, load_run
 
 # ops whose (γ, δ) are not learned: at their defaults they have no parameters
 FIXED_OPS = tuple(name for name, Op in OPS.items() if not list(Op(1, **Op.controls).parameters()))
@@ -46,134 +46,47 @@ LEARNED_OP = "mix"  # ... and it marks where the runs of this op, every control 
 
 
 # -----------------------------------------------------------------------------
-# One run
-
-def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)  # JSON's true is not a number
-
-
-def load_run(path):
-    """Read config.json and log.jsonl of one run directory; for an edited, truncated or foreign one, raise
-    ValueError with one line saying what is wrong, and where."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: does not exist")
-    if not os.path.isdir(path):
-        raise ValueError(f"{path}: is not a directory (expected a run directory written by train.py)")
-    cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
-    missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
-    if missing:
-        raise ValueError(f"{path}: not a run directory, missing {missing} (train.py writes log.jsonl as it "
-                         "starts, config.json with its first checkpoint)")
-    try:  # train.py writes a few kB of flat settings
-        config = json.loads(read_regular(cfg_path, 1 << 20).decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{cfg_path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path}: invalid JSON ({e.msg})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{cfg_path}: expected a JSON object")
-    if not isinstance(config.get("op"), str):  # everything below sorts runs by their op
-        what = "has no 'op' key" if "op" not in config else f"'op' must be a string, not {config['op']!r}"
-        raise ValueError(f"{cfg_path}: {what} (train.py writes the resolved config, op included)")
-    for key, default in CONTROLS.items():  # switches are bools; the rest numbers (or None, if the default is)
-        value = config.get(key, default)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ValueError(f"{cfg_path}: '{key}' must be a bool, not {value!r}")
-        if not isinstance(default, bool) and not is_number(value) and not (value is None and default is None):
-            raise ValueError(f"{cfg_path}: '{key}' must be a number, not {value!r}")
-    with open_regular(log_path) as f:  # bytes: a line that is not UTF-8 can then be named by its number
-        lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
-    records, warnings, changed = [], [], {}
-    for lineno, line in lines:
-        where = f"{log_path}:{lineno}"
-        try:
-            rec = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            if lineno == lines[-1][0]:  # a run killed mid-write leaves half a line: keep everything before it
-                warnings.append(f"{where}: last line is cut off, skipped it")
-                continue
-            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "invalid JSON"
-            raise ValueError(f"{where}: {what} in the middle of the log") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: expected a JSON object")
-        if rec.get("event") == "start" and not isinstance(rec.get("changed", {}), dict):
-            raise ValueError(f"{where}: start record's 'changed' must be an object (setting: value before)")
-        # each setting a resume changed: (its value before the first resume that did, config's now)
-        for k, was in rec.get("changed", {}).items() if rec.get("event") == "start" else ():
-            changed.setdefault(k, (was, config.get(k)))
-        if rec.get("event") == "eval":  # what the comparison reads: two numbers, and γ and δ of every head
-            for key in ("iter", "val_loss", "gamma", "delta"):
-                if key not in rec:
-                    raise ValueError(f"{where}: eval record has no '{key}'")
-            for key in ("iter", "val_loss"):
-                if not is_number(rec[key]):
-                    raise ValueError(f"{where}: eval record's '{key}' must be a number, not {rec[key]!r}")
-            try:
-                gamma, delta = np.array(rec["gamma"], dtype=float), np.array(rec["delta"], dtype=float)
-            except (ValueError, TypeError):  # ragged, or not numbers
-                gamma = delta = np.zeros(0)
-            if gamma.ndim != 2 or gamma.shape != delta.shape or gamma.size == 0:
-                raise ValueError(f"{where}: gamma and delta must both be non-empty layer x head lists")
-        records.append(rec)
-    evals = [r for r in records if r.get("event") == "eval"]
-    if not evals:
-        raise ValueError(f"{log_path}: no eval record yet (train.py logs the first one at iter 0)")
-    for before, after in zip(evals, evals[1:]):  # train.py logs one history, in order, of one model
-        if after["iter"] <= before["iter"] or np.shape(after["gamma"]) != np.shape(before["gamma"]):
-            raise ValueError(f"{log_path}: the eval at iter {after['iter']} does not follow the one at iter "
-                             f"{before['iter']} (out of order, or another model's γ); the log was edited "
-                             "or mixed")
-    last = evals[-1]
-    if not math.isfinite(last["val_loss"]):
-        warnings.append(f"{log_path}: the val loss became {last['val_loss']} at iter {last['iter']}: "
-                        "the run diverged")
-    if "seed" in changed:  # paired by the seed its initial weights and first steps came from
-        config = {**config, "seed": changed["seed"][0]}
-    return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
-            "records": records, "evals": evals, "warnings": warnings, "changed": changed}
-
-
-def controls(config):
-    return {k: config[k] for k, default in CONTROLS.items() if k in config and config[k] != default}
-
-
-def describe(run):
-    cfg = run["config"]
-    seed = [f"seed={cfg['seed']}"] if "seed" in cfg else []
-    return " ".join([cfg["op"]] + [f"{k}={v}" for k, v in controls(cfg).items()] + seed)
-
-
-def learns_gamma(run):
-    return run["config"].get("op") not in FIXED_OPS and run["config"].get("learn_gamma", True)
-
+# One run: where its heads' γ ended, as of its checkpoint, and the history that got it there
 
 def summarize(run):
-    """The numbers of one run at its final eval (corridor counts are None for fixed ops)."""
-    last = run["evals"][-1]
-    gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
+    """The numbers of one run (support/rundir.load_run's) at its last eval, with the settings that made them:
+    its label (op, changed controls, the seed it is paired under) and its story, a line per resume."""
+    cfg, starts, last = run["config"], run["starts"], run["evals"][-1]
+    gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)  # (layer, head)
     inside = (gamma > -1.0) & (gamma < 0.0)  # open: −1 (Laplacian) and 0 (attention) are its endpoints
     best = min(run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf)
-    op = run["config"].get("op")
-    s = {"name": run["name"], "path": run["path"], "label": describe(run), "op": op,
-         "learns_gamma": learns_gamma(run), "iter": max(r.get("iter", 0) for r in run["records"]),
+    # paired by the seed its initial weights and first steps came from: the one before any resume changed it
+    seeds = [s["changes"]["seed"] for s in starts if "seed" in s["changes"] and s["iter"] < run["ckpt_iter"]]
+    seed = seeds[0][0] if seeds else cfg.get("seed")
+    label = " ".join([cfg["op"], *(f"{k}={v}" for k, v in controls(cfg).items()), f"seed={seed}"])
+    if seeds:  # the seeds its saved steps drew their batches from, in turn
+        label += f" [seeds {' → '.join(str(x) for x in [seed] + [now for _, now in seeds])}]"
+    story = [f"resumed at iter {s['iter']}: " + (", ".join(f"{k} {was!r} → {now!r}" for k, (was, now)
+                                                          in s["changes"].items()) or "no setting changed")
+             + ("; it saved nothing" if s["iter"] == run["ckpt_iter"] else "") for s in starts if s["iter"]]
+    if run["logged_to"] > run["ckpt_iter"]:
+        story.append(f"iters {run['ckpt_iter'] + 1}–{run['logged_to']} left out: logged after the last "
+                     f"checkpoint (iter {run['ckpt_iter']}), so no checkpoint holds them")
+    max_iters = cfg.get("max_iters", last["iter"])
+    s = {"name": run["name"], "path": run["path"], "run": run, "label": label, "story": story,
+         "config": {**cfg, "seed": seed}, "op": cfg["op"],
+         "learns_gamma": cfg["op"] not in FIXED_OPS and cfg.get("learn_gamma", True),
+         "unfinished": last["iter"] < max_iters and not cfg.get("eval_only"), "max_iters": max_iters,
+         "iter": max(r["iter"] for r in run["records"]), "commit": starts[0].get("commit") if starts else None,
          "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
          "best_val": best["val_loss"], "best_iter": best["iter"], "final_val": last["val_loss"],
          "final_iter": last["iter"], "n_layer": gamma.shape[0], "n_head": gamma.shape[1],
          "layer_gamma": gamma.mean(axis=1).tolist(), "layer_delta": delta.mean(axis=1).tolist(),
-         # the settings resumes changed, but those that leave the experiment alone: 'k=now (was v)'
-         "changed": ", ".join(f"{k}={now!r} (was {was!r})" for k, (was, now) in run["changed"].items()
-                              if k == "seed" or k not in NOT_EXPERIMENT),
-         "fixed": None, "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
-    if op == "attention":
-        s["fixed"] = "attention: γ=0, δ=1 fixed"
-    elif op == "laplacian":
-        k, n = int((gamma[0] == -1.0).sum()), gamma.shape[1]
-        s["fixed"] = f"laplacian: {k} of {n} heads per layer γ=−1, δ=−1, the rest attention; fixed"
-    else:
+         "n_in": None, "frac_in": None, "n_in_deep": None, "frac_deep": None}
+    if cfg["op"] not in FIXED_OPS:  # the corridor counts: of heads whose γ could move
         s["n_in"], s["frac_in"] = int(inside.sum()), float(inside.mean())
         if gamma.shape[0] > 1:
             s["n_in_deep"], s["frac_deep"] = int(inside[1:].sum()), float(inside[1:].mean())
     return s
+
+
+def controls(config):
+    return {k: config[k] for k, default in CONTROLS.items() if k in config and config[k] != default}
 
 
 # -----------------------------------------------------------------------------
@@ -233,13 +146,14 @@ def differing_keys(configs):
 
 
 def compare(runs):
-    """Table rows sorted by final val loss, and seed groups (runs differing only in seed) with their paired
-    statistics against the attention run of the same baseline_key and seed, ended at the same iteration."""
+    """Every run's summary (runs: as given; rows: by final val loss), and the seed groups (runs differing
+    only in seed) with their paired statistics against the attention run of the same baseline_key and seed,
+    ended at the same iteration."""
     sums = [summarize(r) for r in runs]
     groups, attention, seen = {}, {}, {}  # experiment -> its runs; baseline -> {seed: attention run}
-    for run, s in zip(runs, sums):
-        s["seed"], s["baseline"] = run["config"].get("seed"), baseline_key(run["config"])
-        exp = json.dumps(experiment(run["config"]), sort_keys=True)
+    for s in sums:
+        s["seed"], s["baseline"] = s["config"].get("seed"), baseline_key(s["config"])
+        exp = json.dumps(experiment(s["config"]), sort_keys=True)
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed, likewise
         key = (s["baseline"] if s["op"] == BASELINE_OP else exp, s["seed"])  # (only exp has an 'op')
@@ -275,7 +189,6 @@ def compare(runs):
                     "experiment": key, "confirmation": confirmation,
                     "baseline_key": first["baseline"], "learns_gamma": first["learns_gamma"],
                     "names": [m["name"] for m in members], "paths": [m["path"] for m in members],
-                    "changed": [f"{m['name']}: {m['changed']}" for m in members if m["changed"]],
                     "n": len(members), "val_mean": float(val.mean()), "val_std": sample_std(val),
                     "deep_mean": float(np.mean(deep)) if deep else None, "deep_std": sample_std(deep),
                     "vs_attention": None if attn_val is None else float(val.mean()) - attn_val,
@@ -291,7 +204,7 @@ def compare(runs):
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's val loss)
     block = {key: min([g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key],
                       default=math.inf) for key in {g["baseline_key"] for g in out}}
-    return {"rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
+    return {"runs": sums, "rows": rows, "groups": sorted(out, key=lambda g: (block[g["baseline_key"]], g["baseline_key"],
                                                                 math.isnan(g["val_mean"]), g["val_mean"]))}
 
 
@@ -310,21 +223,21 @@ def confirmations(groups):
 X_LABEL = {"tokens": "tokens", "iter": "iteration"}
 
 
-def x_axis(runs):
+def x_axis(sums):
     """The figures' x axis: tokens when every eval record has them (older logs do not), else iterations."""
-    return "tokens" if all("tokens" in r for run in runs for r in run["evals"]) else "iter"
+    return "tokens" if all("tokens" in r for s in sums for r in s["run"]["evals"]) else "iter"
 
 
-def val_loss_lines(runs, groups, max_lines=10):
+def val_loss_lines(c, max_lines=10):
     """val_loss.png's lines (label, {x: val loss}), x key and title: one per run, or beyond max_lines runs,
     one per setting, the mean over its seeds at the evals they all have."""
-    step = x_axis(runs)
-    curve = {run["path"]: {r[step]: r["val_loss"] for r in run["evals"]} for run in runs}
-    if len(runs) <= max_lines:
-        return ([(f"{run['name']} ({describe(run)})", curve[run["path"]]) for run in runs], step,
+    step = x_axis(c["runs"])
+    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["run"]["evals"]} for s in c["runs"]}
+    if len(c["runs"]) <= max_lines:
+        return ([(f"{s['name']} ({s['label']})", curve[s["path"]]) for s in c["runs"]], step,
                 "validation loss")
     lines = []
-    for g in groups:
+    for g in c["groups"]:
         curves = [curve[p] for p in g["paths"]]
         common = sorted(set.intersection(*(set(c) for c in curves)))
         lines.append((f"{g['setting']} ({seeds(g['n'])})", {x: float(np.mean([c[x] for c in curves]))
@@ -361,23 +274,25 @@ def curve_data(groups):
     return {"curves": curves, "learned": learned}
 
 
-def plot(runs, out_dir):
+def plot(c, out_dir):
+    """The figures of compare's c into out_dir; their paths."""
     from support import figures  # and with it matplotlib: optional, as the tables and the CSV do not need it
     os.makedirs(out_dir, exist_ok=True)
-    groups, drawn = compare(runs)["groups"], {}  # file name -> figure
+    drawn = {}  # file name -> figure
     with figures.plt.rc_context(figures.STYLE):
-        run = next((r for r in runs if learns_gamma(r)), None)  # the (γ, δ) figures: of one learned run
-        if run is not None:
-            step, title, last = x_axis([run]), f"{run['name']}: {describe(run)}", run["evals"][-1]
+        s = next((s for s in c["runs"] if s["learns_gamma"]), None)  # the (γ, δ) figures: of one learned run
+        if s is not None:
+            run, step, title = s["run"], x_axis([s]), f"{s['name']}: {s['label']}"
+            last = run["evals"][-1]
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
                 vals = np.array([r[key] for r in run["evals"]], dtype=float)  # (time, layer, head)
                 drawn[f"{key}_{run['name']}.png"] = figures.head_scalars(
                     [r[step] for r in run["evals"]], vals, sym, X_LABEL[step], title)
             drawn[f"gamma_final_{run['name']}.png"] = figures.final_gamma(
                 np.array(last["gamma"], dtype=float), f"final γ (iter {last['iter']})\n{title}")
-        lines, step, title = val_loss_lines(runs, groups)
+        lines, step, title = val_loss_lines(c)
         drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
-        curve = curve_data(groups)
+        curve = curve_data(c["groups"])
         if curve["curves"]:  # fixed-γ runs with attention runs to pair them with
             drawn["corridor_curve.png"] = figures.corridor_curve(curve)
         return [figures.save(fig, os.path.join(out_dir, name)) for name, fig in drawn.items()]
@@ -385,6 +300,13 @@ def plot(runs, out_dir):
 
 # -----------------------------------------------------------------------------
 # The console report
+
+LEGEND = """\
+   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run of the same seed),
+   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided paired t-test.
+   lower: seeds below attention; p (sign): two-sided exact sign test.  corridor>L1: share of heads beyond
+   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one seed, zero spread, no attention run or a NaN loss)."""
+
 
 def fmt(v, spec="+.4f"):
     return "n/a" if v is None else format(v, spec)
@@ -421,29 +343,28 @@ def paired_cell(s):
     return f"{s['n_pairs']}: {s['paired_mean']:+.4f} {ci} p {fmt_p(s['p_t'])}, {s['k_lower']}/{s['n_pairs']}"
 
 
-def report(runs, each=True):
-    """Print each run's summary and the table of runs (if each), then the tables of the seed groups."""
-    for run in runs if each else []:
-        s = summarize(run)
+def report(c, each=True):
+    """Print each run's story and numbers and the table of runs (if each), then the tables of the seed
+    groups."""
+    for s in c["runs"] if each else []:
         print(f"== {s['name']}  ({s['label']})")
-        max_iters = run["config"].get("max_iters")
-        unfinished = (f"; unfinished, max_iters is {max_iters}" if isinstance(max_iters, int)
-                      and s["final_iter"] < max_iters and not run["config"].get("eval_only") else "")
+        for line in s["story"]:
+            print(f"   {line}")
+        unfinished = f"; unfinished, max_iters is {s['max_iters']}" if s["unfinished"] else ""
         print(f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
               f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}")
-        if s["fixed"]:
-            print(f"   {s['fixed']}")
-            continue
-        n = s["n_layer"] * s["n_head"]
-        deep = (f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
-                if s["frac_deep"] is not None else "no layers beyond layer 1")
-        print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
+        if s["n_in"] is None:
+            print(f"   {s['op']}: γ and δ fixed")
+        else:
+            n = s["n_layer"] * s["n_head"]
+            deep = (f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
+                    if s["frac_deep"] is not None else "no layers beyond layer 1")
+            print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
             print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")
-    if len(runs) < 2 and each:
+    if len(c["runs"]) < 2 and each:
         return
-    c = compare(runs)
     if each:
         print("\n== runs by final val loss, in nats per token (vs attn: minus the mean final val loss of the"
               " attention runs of the same config)")
@@ -460,13 +381,7 @@ def report(runs, each=True):
           " (val losses in nats per token)")
     print_table(["setting", "n", "final val", "paired diff", "95% CI", "p (t-test)", "lower", "p (sign)",
                  "corridor>L1"], [group_cells(g) for g in groups])
-    print("   final val: mean ± sample std over seeds.  paired diff: mean ± std of (run − attention run "
-          "of the same seed),\n   over the seeds both have; 95% CI: its t interval.  p (t-test): two-sided "
-          "paired t-test.\n   lower: seeds below attention; p (sign): two-sided exact sign test.  "
-          "corridor>L1: share of heads beyond\n   layer 1 with final γ ∈ (−1, 0).  n/a: undefined (one "
-          "seed, zero spread, no attention run or a NaN loss).")
-    for line in [line for g in groups for line in g["changed"]]:  # so not one setting from start to end
-        print(f"   resumed with settings changed (a changed seed: paired under the seed before): {line}")
+    print(LEGEND)
     cells = [[r["setting"]] + [paired_cell(r[k]) for k in ("selection", "confirmation", "pooled")]
              for r in confirmations(groups)]
     if cells:
@@ -497,20 +412,20 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"  # what to do
 
 
-def write_csv(runs, path):
-    """One row per run, sorted by setting, seed and length: config values as JSON, the final eval's losses at
-    full precision, its γ with heads separated by spaces and layers by ';' (6 significant digits), and the
-    commit of the log's "start" record ('unknown' for older logs or no git)."""
+def write_csv(c, path):
+    """One row per run of compare's c, sorted by setting, seed and length: as the report has it (the seed it
+    is paired under, its final eval's iteration), config values as JSON, the final eval's losses at full
+    precision, its γ with heads separated by spaces and layers by ';' (6 significant digits), and the
+    commit of the log's first "start" record ('unknown' for older logs or no git)."""
     rows = []
-    for run in runs:
-        cfg, last = run["config"], run["evals"][-1]
-        start = next((r for r in run["records"] if r.get("event") == "start"), {})
+    for s in c["runs"]:
+        cfg, last = s["config"], s["run"]["evals"][-1]
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
-        row.update(setting=setting_name(run["name"]), seed=cfg.get("seed", ""), op=cfg["op"],
-                   iters=last["iter"], val_loss=repr(float(last["val_loss"])),
-                   val_bpb=repr(float(last["val_bpb"])) if is_number(last.get("val_bpb")) else "",
+        row.update(setting=setting_name(s["name"]), seed=s["seed"], op=s["op"],
+                   iters=s["final_iter"], val_loss=repr(float(s["final_val"])),
+                   val_bpb=repr(float(last["val_bpb"])) if "val_bpb" in last else "",
                    final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
-                   commit=str(start["commit"]) if start.get("commit") else "unknown")
+                   commit=s["commit"] or "unknown")
         for k in CSV_TEXT:  # seed is text only where config.json made it a string
             if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
                 row[k] = "'" + row[k]
@@ -525,7 +440,8 @@ def write_csv(runs, path):
 
 
 def load_csv(path):
-    """The runs of a table write_csv wrote, as load_run's dicts whose log is the final eval."""
+    """The runs of a table write_csv wrote, as support/rundir.load_run's dicts whose log is the final eval:
+    each run's length (iters) is its max_iters, so that runs of different lengths never form one group."""
     try:  # utf-8-sig: a spreadsheet may put a byte-order mark first
         reader = csv.DictReader(io.StringIO(read_regular(path, 64 << 20).decode("utf-8-sig")))
     except UnicodeDecodeError as e:
@@ -559,9 +475,10 @@ def load_csv(path):
         except (ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}:{lineno}: not a row that corridor.py --csv writes ({e}); "
                              f"{CSV_AGAIN}") from None
-        records = [{"event": "start", "commit": r["commit"]}, last]
+        start = {"event": "start", "iter": 0, "commit": r["commit"], "config": config, "changes": {}}
         runs.append({"name": f"{r['setting']}_s{r['seed']}", "path": f"{path}:{lineno}", "config": config,
-                     "records": records, "evals": [last], "warnings": [], "changed": {}})
+                     "records": [start, last], "evals": [last], "starts": [start], "warnings": [],
+                     "ckpt_iter": last["iter"], "logged_to": last["iter"]})
     return runs
 
 
@@ -663,10 +580,11 @@ def main(argv):
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
         for w in [w for run in runs for w in run["warnings"]]:
             print(f"warning: {w}", file=sys.stderr)
-        report(runs, each=not tables)
-        written = [write_csv(runs, opts.csv)] if opts.csv else []
+        c = compare(runs)
+        report(c, each=not tables)
+        written = [write_csv(c, opts.csv)] if opts.csv else []
         try:  # the figures need the logs: a table has only each run's end
-            written += [] if tables else plot(runs, opts.out or runs[0]["path"])
+            written += [] if tables else plot(c, opts.out or runs[0]["path"])
         except ImportError:  # figures are optional: the tables and the CSV do not need matplotlib
             print("warning: matplotlib is not installed (pip install matplotlib), so no figures",
                   file=sys.stderr)

@@ -2,7 +2,8 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings of ckpt.pt (written with it)
-    log.jsonl     one JSON record per line: start (with what a resume changed), train, eval, done
+    log.jsonl     one JSON record per line: start (its settings, what a resume changed), train, eval,
+                  checkpoint (ckpt.pt and config.json written), done
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
@@ -286,24 +287,74 @@ def restore(ckpt, optimizer, train_loader):
     return ckpt["iter_num"], ckpt["tokens"], ckpt["best_val_loss"]
 
 
-def trim_log(path, iter_num):
-    """On resume, keep the history of what the checkpoint at iter_num holds: its training, evaluations and
-    earlier starts (one at iter_num saved nothing). Only a last line cut off by a crash may be unreadable."""
+def read_log(path):
+    """log.jsonl's records, and a warning if its last line was cut short by a crash (then left out: the one
+    line ever skipped). Any other line that is not a record, a complete one after 'done' too, is one line."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
-    keep = []
+    records = []
     for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            last = iter_num - 1 if record["event"] == "start" else iter_num  # one at iter_num saved nothing
-            if record["iter"] <= last and record["event"] != "done":
-                keep.append(line.rstrip(b"\n") + b"\n")
-        except (ValueError, TypeError, KeyError):  # not JSON or UTF-8, not a record
-            if n == len(lines):
-                break  # a line cut off by a crash
-            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; "
-                              "remove that line, then resume") from None
-    atomic_write(path, lambda f: f.write(b"".join(keep)))
+        except ValueError:  # not JSON, or not UTF-8
+            if n == len(lines):  # RunLog writes whole lines: only a crash leaves part of one
+                return records, f"{path}: line {n} was cut short (a crash), left out"
+            record = None
+        if not (isinstance(record, dict) and "event" in record and "iter" in record):
+            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line")
+        records.append(record)
+    return records, None
+
+
+def trim_log(path, iter_num):
+    """On resume, keep the history of what the checkpoint at iter_num holds: its training, evaluations and
+    earlier starts (one at iter_num saved nothing)."""
+    keep = [r for r in read_log(path)[0]
+            if r["event"] != "done" and r["iter"] <= iter_num - (r["event"] == "start")]
+    atomic_write(path, lambda f: f.write(b"".join(json.dumps(r).encode() + b"\n" for r in keep)))
+
+
+def load_run(path):
+    """One run's history, as corridor.py reads it: config.json (the settings of ckpt.pt), the records up to
+    the checkpoint's iteration (what ckpt.pt holds) and every start: the iteration it resumed at, the
+    settings it ran with ('config') and what it changed ('changes': {setting: (before, after)}); a start at
+    the checkpoint's iteration ('ckpt_iter') saved nothing. Records logged after it (to 'logged_to') are
+    left out: no checkpoint holds them. A damaged or missing file is one ValueError line."""
+    if not os.path.isdir(path):
+        raise ConfigError(f"{path}: {'is not a directory' if os.path.exists(path) else 'does not exist'} "
+                          "(expected a run directory written by train.py)")
+    cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
+    missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
+    if missing:
+        raise ConfigError(f"{path}: not a run directory, missing {missing} (train.py writes log.jsonl as "
+                          "it starts, config.json with its first checkpoint)")
+    try:  # a few kB of flat settings
+        config = json.loads(read_regular(cfg_path, 1 << 20))
+    except ValueError as e:  # cut short, or not UTF-8
+        raise ConfigError(f"{cfg_path}: not the JSON train.py writes ({e})") from None
+    records, cut = read_log(log_path)
+    saved = [r["iter"] for r in records if r["event"] == "checkpoint"]  # logged after ckpt.pt is written
+    # older logs record no checkpoint: every record counts as saved
+    ckpt_iter = max(saved, default=max([r["iter"] for r in records], default=0))
+    starts = [r for r in records if r["event"] == "start"]
+    after = config  # the settings of the start that wrote ckpt.pt; before each start, the earlier one's
+    for start in reversed(starts):
+        start.setdefault("config", after)  # older logs record only what a start changed
+        after = {**start["config"], **start.get("changed", {})}
+        start["changes"] = {k: (was, start["config"].get(k)) for k, was in start.get("changed", {}).items()
+                            if was != start["config"].get(k)}
+    logged_to = max([r["iter"] for r in records], default=0)
+    records = [r for r in records if r["iter"] <= ckpt_iter]
+    evals = [r for r in records if r["event"] == "eval"]
+    if not evals:
+        raise ConfigError(f"{log_path}: no eval record yet (train.py logs the first one at iter 0)")
+    warnings = [cut] if cut else []
+    if not math.isfinite(evals[-1]["val_loss"]):
+        warnings.append(f"{log_path}: the val loss became {evals[-1]['val_loss']} at iter "
+                        f"{evals[-1]['iter']}: the run diverged")
+    return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
+            "records": records, "evals": evals, "starts": starts, "ckpt_iter": ckpt_iter,
+            "logged_to": logged_to, "warnings": warnings}
 
 
 def git_commit():
@@ -357,7 +408,8 @@ def start_run_dir(run, cfg, resume_iter, changed):
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
     run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
-    run.log({"event": "start", "iter": resume_iter or 0, "changed": changed, "commit": git_commit(),
+    run.log({"event": "start", "iter": resume_iter or 0, "config": vars(cfg), "changed": changed,
+             "commit": git_commit(),
              "torch": torch.__version__, "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
 
 
@@ -374,6 +426,7 @@ def save_checkpoint(run, checkpoint, write_ckpt_pt):
     if write_ckpt_pt:  # (after the log's first lines: a config.json without a log is no run's, check_run_dir)
         settings = json.dumps(cfg, indent=1).encode()
         atomic_write(os.path.join(cfg["out_dir"], "config.json"), lambda f: f.write(settings))
+        run.log({"event": "checkpoint", "iter": iter_num})  # after it: what ckpt.pt holds (load_run)
 
 
 def stop_if_not_finite(what, value, iter_num, out_dir):
