@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -489,11 +490,11 @@ def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_
     setting its resume changed under the comparison."""
     monkeypatch.chdir(tmp_path)
     for seed in (1337, 7):
-        train.main(QUICK + [f"--out_dir=out/attn_s{seed}", "--op=attention", "--max_iters=4",
+        train.main(QUICK + ["--val_tokens=64", f"--out_dir=out/attn_s{seed}", "--op=attention", "--max_iters=4",
                             f"--seed={seed}"])
-    train.main(QUICK + ["--out_dir=out/mix_s7", "--max_iters=4", "--seed=7"])
-    train.main(QUICK + ["--out_dir=out/mix_r"])  # 2 iterations, seed 1337
-    train.main(QUICK + ["--out_dir=out/mix_r", "--init_from=resume", "--max_iters=4", "--seed=7"])
+    train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_s7", "--max_iters=4", "--seed=7"])
+    train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_r"])  # 2 iterations, seed 1337
+    train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_r", "--init_from=resume", "--max_iters=4", "--seed=7"])
     dirs = ["out/attn_s1337", "out/attn_s7", "out/mix_s7", "out/mix_r"]
     runs = [corridor.load_run(d) for d in dirs]
     mix = group(corridor.compare(runs), "mix")
@@ -505,6 +506,145 @@ def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_
     out = capsys.readouterr().out
     assert ("== mix_r  (mix seed=1337 [seeds 1337 → 7])\n"
             "   resumed at iter 2: max_iters 2 → 4, seed 1337 → 7\n") in out
+
+
+# --- a run's true history, from real tiny runs (issue 62): what each resume changed, before → after, and the
+# numbers as of the checkpoint, the same in the report, the CSV and the figures
+
+FAST = QUICK + ["--val_tokens=64", "--learning_rate=3e-3", "--warmup_iters=1"]  # a quick evaluation
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """data/pydocs prepared; out/mix: a mix run of 2 iterations (seed 1337, learning_rate 0.003), and
+    out/attn: an attention run trained to 4 iterations at learning_rate 0.001 throughout."""
+    d = tmp_path_factory.mktemp("history")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        train.main(FAST + ["--out_dir=out/mix"])
+        train.main(FAST + ["--out_dir=out/attn", "--op=attention", "--max_iters=4", "--learning_rate=1e-3"])
+    return d
+
+
+@pytest.fixture
+def resume(history, tmp_path, monkeypatch):
+    """resume(*args): a copy of out/mix (tmp_path/mix_r) resumed with args; its directory."""
+    monkeypatch.chdir(history)
+    out = tmp_path / "mix_r"
+    shutil.copytree("out/mix", out)
+
+    def resume(*args):
+        train.main(FAST + [f"--out_dir={out}", "--init_from=resume", *args])
+        return str(out)
+    return resume
+
+
+def report_of(capsys, *argv):
+    capsys.readouterr()
+    assert corridor.main(list(argv)) == 0
+    out = capsys.readouterr().out
+    assert "(was " not in out  # never 'x (was x)': a change is before → after
+    return out
+
+
+def test_a_resume_is_named_when_each_setting_has_one_run(resume, capsys, no_figures):
+    """A mix run resumed 2 → 4 with a new learning rate, against one attention run trained that way
+    throughout: no seed group, and the mix run's block names the change."""
+    mix = resume("--max_iters=4", "--learning_rate=1e-3")
+    out = report_of(capsys, mix, "out/attn")
+    assert ("== mix_r  (mix seed=1337)\n"
+            "   resumed at iter 2: learning_rate 0.003 → 0.001, max_iters 2 → 4\n"
+            "   tokens 128, iter 4;") in out
+    assert "== no seed groups" in out
+
+
+def test_a_run_alone_names_its_changed_seed(resume, capsys, no_figures):
+    """One run resumed with --seed=7: its label gives the seed it is paired under (1337) and the seeds it
+    drew batches from; its block names the change."""
+    out = report_of(capsys, resume("--max_iters=4", "--seed=7"))
+    assert out.startswith("== mix_r  (mix seed=1337 [seeds 1337 → 7])\n"
+                          "   resumed at iter 2: max_iters 2 → 4, seed 1337 → 7\n")
+
+
+@pytest.mark.slow
+def test_a_seed_changed_and_changed_back_says_so(resume, capsys, no_figures):
+    resume("--max_iters=4", "--seed=7")
+    mix = resume("--max_iters=6", "--seed=1337")
+    out = report_of(capsys, mix)
+    assert out.startswith("== mix_r  (mix seed=1337 [seeds 1337 → 7 → 1337])\n"
+                          "   resumed at iter 2: max_iters 2 → 4, seed 1337 → 7\n"
+                          "   resumed at iter 4: max_iters 4 → 6, seed 7 → 1337\n")
+
+
+def agree(capsys, run_dir, tmp_path, written):
+    """The report's final numbers of run_dir, its CSV row and the val loss figure's line: one (iter, val)."""
+    out = report_of(capsys, run_dir, f"--csv={tmp_path / 'runs.csv'}", f"--out={tmp_path / 'figs'}")
+    final = re.search(r"final (\S+) \(iter (\d+)\)", out).groups()
+    (row,) = csv.DictReader(open(tmp_path / "runs.csv"))
+    (line,) = written["val_loss.png"].axes[0].lines
+    gammas = written["gamma_mix_r.png"].axes[0].lines
+    assert {len(g.get_xdata()) for g in gammas} == {len(line.get_xdata())}  # the same evals
+    assert final == (f"{float(row['val_loss']):.4f}", row["iters"])
+    assert f"{line.get_ydata()[-1]:.4f}" == final[0]
+    return out, float(row["val_loss"]), int(row["iters"])
+
+
+def test_a_resume_killed_before_its_checkpoint_is_named_and_left_out(resume, capsys, tmp_path, written,
+                                                                     monkeypatch):
+    """A resume stopped (as by kill -9) before it saved anything: config.json and ckpt.pt are the iter-2
+    ones, and its records (to iter 4) are left out of the report, the CSV and the figures alike."""
+    def killed(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train.rundir, "save_checkpoint", killed)
+    with pytest.raises(SystemExit):
+        resume("--max_iters=4", "--learning_rate=1e-3")
+    evals = {r["iter"]: r["val_loss"] for r in map(json.loads, open(tmp_path / "mix_r" / "log.jsonl"))
+             if r["event"] == "eval"}
+    assert list(evals) == [0, 2, 4]  # it trained and evaluated to iter 4
+    out, val, iters = agree(capsys, str(tmp_path / "mix_r"), tmp_path, written)
+    assert (val, iters) == (evals[2], 2)
+    assert out.startswith("== mix_r  (mix seed=1337)\n"
+                          "   resumed at iter 2: learning_rate 0.003 → 0.001, max_iters 2 → 4; it saved nothing\n"
+                          "   iters 3–4 left out: logged after the last checkpoint (iter 2), so no checkpoint "
+                          "holds them\n   tokens 64, iter 2;")
+
+
+@pytest.mark.slow
+def test_a_resume_whose_loss_worsened_is_reported_as_of_its_checkpoint(resume, capsys, tmp_path, written):
+    """--always_save_checkpoint=False --weight_decay=1000: the val loss worsens, so ckpt.pt stays at iter 2
+    while the log runs to 4; the numbers are the iter-2 ones, which config.json's settings made."""
+    mix = resume("--max_iters=4", "--always_save_checkpoint=False", "--weight_decay=1000")
+    evals = {r["iter"]: r["val_loss"] for r in map(json.loads, open(f"{mix}/log.jsonl"))
+             if r["event"] == "eval"}
+    assert evals[4] > evals[2] and json.load(open(f"{mix}/config.json"))["weight_decay"] == 0.1
+    out, val, iters = agree(capsys, mix, tmp_path, written)
+    assert (val, iters) == (evals[2], 2)
+    assert ("   resumed at iter 2: always_save_checkpoint True → False, max_iters 2 → 4, weight_decay 0.1 → "
+            "1000.0; it saved nothing\n   iters 3–4 left out:") in out
+
+
+def test_a_complete_line_after_done_is_refused_not_dropped(resume, capsys, tmp_path):
+    """A note a user appends to a finished run's log is no line cut short by a crash: a resume refuses it in
+    one line and keeps it, and so does corridor.py (a line cut short is still left out: test_bad_inputs)."""
+    log = tmp_path / "mix_r" / "log.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(lines) + '{"note": "lr looked high"}\n')
+    message = f"line {len(lines) + 1} is not a record train.py wrote; remove that line"
+    with pytest.raises(SystemExit) as e:
+        resume("--max_iters=4")
+    assert message in str(e.value.code)
+    assert log.read_text().splitlines(keepends=True) == lines + ['{"note": "lr looked high"}\n']
+    assert message in error_line(capsys, [str(tmp_path / "mix_r")])
+
+
+def test_a_csv_read_back_keeps_each_runs_length(tmp_path, capsys, no_figures):
+    """Runs of 100 and 200 iterations, otherwise alike, form no seed group from their directories, nor
+    from the table --csv wrote of them."""
+    dirs = [make_run(tmp_path, "mix_s0", val=(3.0, 2.0), max_iters=100, **TWO_LAYERS),
+            make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 2.0, 1.5), max_iters=200, **TWO_LAYERS)]
+    assert corridor.main(dirs + [f"--csv={tmp_path / 'runs.csv'}"]) == 0
+    for runs in ([corridor.load_run(d) for d in dirs], corridor.load_csv(str(tmp_path / "runs.csv"))):
+        assert [g["n"] for g in corridor.compare(runs)["groups"]] == [1, 1]
 
 
 def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
