@@ -2,16 +2,16 @@
 A run directory, as train.py writes it and sample.py and corridor.py read it:
 
     config.json   the settings of ckpt.pt (written with it)
-    log.jsonl     one JSON record per line: start (its settings, what a resume changed), train, eval,
-                  checkpoint (ckpt.pt and config.json written), done
-    ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader position, meta
-    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resuming reads ckpt.pt)
+    log.jsonl     one JSON record per line: start (its settings, what a resume changed), train,
+                  eval, checkpoint (ckpt.pt and config.json written), done
+    ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader
+                  position, meta
+    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resume reads ckpt.pt)
     lock          held by the process that writes the run, so that two runs never share a directory
 
-Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves a broken
-one. A run directory may come from someone else: nothing here follows a symbolic link or opens a FIFO or
-device, and a checkpoint is checked against the model before use.
-"""
+Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves
+a broken one. A run directory may come from someone else: nothing here follows a symbolic link or
+opens a FIFO or device, and a checkpoint is checked against the model before use."""
 import contextlib
 import dataclasses
 import json
@@ -27,22 +27,27 @@ import torch
 from support.configurator import ConfigError, open_regular, read_regular, refuse_unless_regular, why
 from support.dataloader import check_meta
 
-RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")  # what train.py writes into a run directory,
-KEPT_CHECKPOINT = re.compile(r"ckpt_\d{6,}\.pt")  # with the copies save_every keeps
+# what train.py writes into a run directory, and (below) the copies save_every keeps
+RUN_FILES = ("lock", "log.jsonl", "config.json", "ckpt.pt")
+KEPT_CHECKPOINT = re.compile(r"ckpt_\d{6,}\.pt")
 
-_held = {}  # run directory -> (its filelock.FileLock, [that lock's descriptor]) while this process holds it
+# run directory -> (its filelock.FileLock, [that lock's descriptor]) while this process holds it
+_held = {}
 
 
 def lock_run_dir(out):
-    """Lock out/lock while this process writes the run; a second writer is refused, told which process holds
-    it (the file's first line). The OS lock (flock, LockFileEx) goes with its process, even on kill -9; where
-    there is none, filelock's marker file names its process and is taken over once that one is gone."""
+    """Lock out/lock while this process writes the run; a second writer is refused, told which
+    process holds it (the file's first line). The OS lock (flock, LockFileEx) goes with its process,
+    even on kill -9; where there is none, filelock's marker file names its process and is taken over
+    once that one is gone."""
     key = os.path.realpath(out)
     if key in _held:  # already ours (several runs in one process, as in the tests)
         return
     path = os.path.join(out, "lock")
-    fds, options = [], {}  # fds: the OS lock's own descriptor, once acquired; a marker file has none
-    if filelock.FileLock is not filelock.SoftFileLock:  # an OS lock: the file is ours to write, and it stays
+    # fds: the OS lock's own descriptor, once acquired; a marker file has none
+    fds, options = [], {}
+    # an OS lock: the file is ours to write, and it stays
+    if filelock.FileLock is not filelock.SoftFileLock:
         options = dict(preserve_lock_file=True, on_acquired=fds.append)
     lock = filelock.FileLock(path, blocking=False, **options)
     try:
@@ -51,13 +56,19 @@ def lock_run_dir(out):
         holder = "?"  # on Windows the holder's lock keeps others from reading the file
         with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
             holder = f.readline().strip() or "?"
-        raise ConfigError(f"{out} is in use by another run (process {holder}); wait for it to "
-                          "finish or choose another --out_dir") from None
-    for fd in fds:  # write through the lock's descriptor: on Windows the lock keeps other handles out
-        previous = os.read(fd, 100).decode(errors="replace").strip()  # a run that finishes empties the file
+        raise ConfigError(
+            f"{out} is in use by another run (process {holder}); wait for it to "
+            "finish or choose another --out_dir"
+        ) from None
+    # write through the lock's descriptor: on Windows the lock keeps other handles out
+    for fd in fds:
+        # a run that finishes empties the file
+        previous = os.read(fd, 100).decode(errors="replace").strip()
         if previous and previous != str(os.getpid()):
-            print(f"note: the previous run in {out} (process {previous}) stopped before finishing; "
-                  "its lock went with it")
+            print(
+                f"note: the previous run in {out} (process {previous}) stopped before finishing; "
+                "its lock went with it"
+            )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, str(os.getpid()).encode())
@@ -72,7 +83,8 @@ def unlock_run_dir(out):
 
 
 def unlock_run_dirs():
-    """Unlock what this process still locks, however it ends: only a killed process leaves its id behind."""
+    """Unlock what this process still locks, however it ends: only a killed process leaves its id
+    behind."""
     for out in list(_held):
         unlock_run_dir(out)
 
@@ -101,17 +113,22 @@ def is_run_file(name):
 
 
 def is_temporary(name):
-    """Whether name is an atomic_write temporary (.NAME.HEX.tmp) of a run file (a kill -9 may leave one)."""
-    return name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
+    """Whether name is an atomic_write temporary (.NAME.HEX.tmp) of a run file (a kill -9 may leave
+    one)."""
+    return (
+        name.startswith(".") and name.endswith(".tmp") and is_run_file(name[1:].rsplit(".", 2)[0])
+    )
 
 
 def check_run_dir(out_dir, resuming):
-    """Refuse an out_dir that holds what no run wrote, before anything is written there. A run writes only
-    RUN_FILES, as regular files, its log before its config: for a new run, anything else, a config.json
-    without a log.jsonl or a lock naming no process is someone else's; a resumed run's are left alone."""
+    """Refuse an out_dir that holds what no run wrote, before anything is written there. A run
+    writes only RUN_FILES, as regular files, its log before its config: for a new run, anything
+    else, a config.json without a log.jsonl or a lock naming no process is someone else's; a resumed
+    run's are left alone."""
     for name in RUN_FILES:
         refuse_unless_regular(os.path.join(out_dir, name))
-    if resuming or holds_a_run(out_dir):  # a run that a new one must not overwrite: train.py says so
+    # a run that a new one must not overwrite: train.py says so
+    if resuming or holds_a_run(out_dir):
         return
     names = os.listdir(out_dir)
     foreign = [n for n in sorted(names) if not is_run_file(n) and not is_temporary(n)]
@@ -119,11 +136,14 @@ def check_run_dir(out_dir, resuming):
         foreign.append("config.json")
     if "lock" in names:
         marker = read_regular(os.path.join(out_dir, "lock"), 4096).decode(errors="replace").strip()
-        if marker and not marker.splitlines()[0].strip().isdigit():  # a run's lock starts with its process id
+        # a run's lock starts with its process id
+        if marker and not marker.splitlines()[0].strip().isdigit():
             foreign.append("lock")
     if foreign:
-        raise ConfigError(f"out_dir={out_dir!r} holds files that no run wrote ({few(foreign)}); a run writes "
-                          "only into a new or empty directory or its own: choose another --out_dir")
+        raise ConfigError(
+            f"out_dir={out_dir!r} holds files that no run wrote ({few(foreign)}); a run writes "
+            "only into a new or empty directory or its own: choose another --out_dir"
+        )
 
 
 def claim_run_dir(out_dir, resuming):
@@ -133,22 +153,28 @@ def claim_run_dir(out_dir, resuming):
         check_run_dir(out_dir, resuming)  # before the lock: nothing is written into others' folders
         lock_run_dir(out_dir)
         for name in filter(is_temporary, os.listdir(out_dir)):  # a killed run left them
-            os.remove(os.path.join(out_dir, name))  # a link is removed itself, never what it points to
+            # a link is removed itself, never what it points to
+            os.remove(os.path.join(out_dir, name))
     except OSError as e:
-        raise ConfigError(f"out_dir={out_dir!r} cannot hold a run: {e.strerror}; "
-                          "choose another --out_dir") from None
-    if not resuming and holds_a_run(out_dir):  # checked under the lock: no other run can be finishing
+        raise ConfigError(
+            f"out_dir={out_dir!r} cannot hold a run: {e.strerror}; " "choose another --out_dir"
+        ) from None
+    # checked under the lock: no other run can be finishing
+    if not resuming and holds_a_run(out_dir):
         unlock_run_dir(out_dir)
         go_on = "continue it with --init_from=resume, evaluate it with --eval_only=True,"
         if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
             go_on = "its ckpt.pt is gone, so it cannot be resumed:"
-        raise ConfigError(f"{out_dir} already holds a run; {go_on} or choose another --out_dir "
-                          f"(rm -r {out_dir} to start over)")
+        raise ConfigError(
+            f"{out_dir} already holds a run; {go_on} or choose another --out_dir "
+            f"(rm -r {out_dir} to start over)"
+        )
 
 
 def holds_a_run(out_dir):
-    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that records more
-    than a start, training steps and the evaluation at iteration 0 (nothing to resume), or is unreadable."""
+    """Whether out_dir holds a run that a new one would destroy: a checkpoint, or a log that records
+    more than a start, training steps and the evaluation at iteration 0 (nothing to resume), or is
+    unreadable."""
     if os.path.exists(os.path.join(out_dir, "ckpt.pt")):
         return True
     log = os.path.join(out_dir, "log.jsonl")
@@ -168,17 +194,29 @@ def before_first_checkpoint(line):
 
 
 def interrupted(cfg):
-    """What Ctrl-C says: how to go on from what out_dir holds (cfg None: stopped while reading settings)."""
+    """What Ctrl-C says: how to go on from what out_dir holds (cfg None: stopped while reading
+    settings)."""
     if cfg is not None and cfg.eval_only:
         return "interrupted: eval_only writes nothing (nothing is lost): run the same command again"
     if cfg is not None and os.path.exists(os.path.join(cfg.out_dir, "ckpt.pt")):
-        return "interrupted: continue from the last checkpoint with --init_from=resume (same --out_dir)"
-    return "interrupted before any checkpoint was written (nothing is lost): run the same command again"
+        return ("interrupted: continue from the last checkpoint with --init_from=resume "
+                "(same --out_dir)")
+    return ("interrupted before any checkpoint was written (nothing is lost): "
+            "run the same command again")
 
 
 # what a checkpoint holds, and the type of each entry: checked before anything uses it
-CHECKPOINT = {"model": dict, "optimizer": dict, "model_args": dict, "iter_num": int, "best_val_loss": float,
-              "tokens": int, "loader": dict, "meta": dict, "config": dict}
+CHECKPOINT = {
+    "model": dict,
+    "optimizer": dict,
+    "model_args": dict,
+    "iter_num": int,
+    "best_val_loss": float,
+    "tokens": int,
+    "loader": dict,
+    "meta": dict,
+    "config": dict,
+}
 
 
 def load_checkpoint(path):
@@ -288,8 +326,9 @@ def restore(ckpt, optimizer, train_loader):
 
 
 def read_log(path):
-    """log.jsonl's records, and a warning if its last line was cut short by a crash (then left out: the one
-    line ever skipped). Any other line that is not a record, a complete one after 'done' too, is one line."""
+    """log.jsonl's records, and a warning if its last line was cut short by a crash (then left out:
+    the one line ever skipped). Any other line that is not a record, a complete one after 'done'
+    too, is one line."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     records = []
@@ -307,42 +346,52 @@ def read_log(path):
 
 
 def trim_log(path, iter_num):
-    """On resume, keep the history of what the checkpoint at iter_num holds: its training, evaluations and
-    earlier starts (one at iter_num saved nothing)."""
-    keep = [r for r in read_log(path)[0]
-            if r["event"] != "done" and r["iter"] <= iter_num - (r["event"] == "start")]
+    """On resume, keep the history of what the checkpoint at iter_num holds: its training,
+    evaluations and earlier starts (one at iter_num saved nothing)."""
+    keep = [
+        r
+        for r in read_log(path)[0]
+        if r["event"] != "done" and r["iter"] <= iter_num - (r["event"] == "start")
+    ]
     atomic_write(path, lambda f: f.write(b"".join(json.dumps(r).encode() + b"\n" for r in keep)))
 
 
 def load_run(path):
-    """One run's history, as corridor.py reads it: config.json (the settings of ckpt.pt), the records up to
-    the checkpoint's iteration (what ckpt.pt holds) and every start: the iteration it resumed at, the
-    settings it ran with ('config') and what it changed ('changes': {setting: (before, after)}); a start at
-    the checkpoint's iteration ('ckpt_iter') saved nothing. Records logged after it (to 'logged_to') are
-    left out: no checkpoint holds them. A damaged or missing file is one ValueError line."""
-    if not os.path.isdir(path):
-        raise ConfigError(f"{path}: {'is not a directory' if os.path.exists(path) else 'does not exist'} "
-                          "(expected a run directory written by train.py)")
+    """One run's history, as corridor.py reads it: config.json (the settings of ckpt.pt), the
+    records up to the checkpoint's iteration (what ckpt.pt holds) and every start: the iteration it
+    resumed at, the settings it ran with ('config') and what it changed ('changes': {setting:
+    (before, after)}); a start at the checkpoint's iteration ('ckpt_iter') saved nothing. Records
+    logged after it (to 'logged_to') are left out: no checkpoint holds them. A damaged or missing
+    file is one ValueError line."""
     cfg_path, log_path = os.path.join(path, "config.json"), os.path.join(path, "log.jsonl")
-    missing = " and ".join(os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p))
+    missing = " and ".join(
+        os.path.basename(p) for p in (cfg_path, log_path) if not os.path.lexists(p)
+    )
     if missing:
-        raise ConfigError(f"{path}: not a run directory, missing {missing} (train.py writes log.jsonl as "
-                          "it starts, config.json with its first checkpoint)")
+        raise ConfigError(
+            f"{path}: not a run directory, missing {missing} (train.py writes log.jsonl as "
+            "it starts, config.json with its first checkpoint)"
+        )
     try:  # a few kB of flat settings
         config = json.loads(read_regular(cfg_path, 1 << 20))
     except ValueError as e:  # cut short, or not UTF-8
         raise ConfigError(f"{cfg_path}: not the JSON train.py writes ({e})") from None
     records, cut = read_log(log_path)
-    saved = [r["iter"] for r in records if r["event"] == "checkpoint"]  # logged after ckpt.pt is written
+    # logged after ckpt.pt is written
+    saved = [r["iter"] for r in records if r["event"] == "checkpoint"]
     # older logs record no checkpoint: every record counts as saved
     ckpt_iter = max(saved, default=max([r["iter"] for r in records], default=0))
     starts = [r for r in records if r["event"] == "start"]
-    after = config  # the settings of the start that wrote ckpt.pt; before each start, the earlier one's
+    # the settings of the start that wrote ckpt.pt; before each start, the earlier one's
+    after = config
     for start in reversed(starts):
         start.setdefault("config", after)  # older logs record only what a start changed
         after = {**start["config"], **start.get("changed", {})}
-        start["changes"] = {k: (was, start["config"].get(k)) for k, was in start.get("changed", {}).items()
-                            if was != start["config"].get(k)}
+        start["changes"] = {
+            k: (was, start["config"].get(k))
+            for k, was in start.get("changed", {}).items()
+            if was != start["config"].get(k)
+        }
     logged_to = max([r["iter"] for r in records], default=0)
     records = [r for r in records if r["iter"] <= ckpt_iter]
     evals = [r for r in records if r["event"] == "eval"]
@@ -350,18 +399,33 @@ def load_run(path):
         raise ConfigError(f"{log_path}: no eval record yet (train.py logs the first one at iter 0)")
     warnings = [cut] if cut else []
     if not math.isfinite(evals[-1]["val_loss"]):
-        warnings.append(f"{log_path}: the val loss became {evals[-1]['val_loss']} at iter "
-                        f"{evals[-1]['iter']}: the run diverged")
-    return {"name": os.path.basename(os.path.normpath(path)), "path": path, "config": config,
-            "records": records, "evals": evals, "starts": starts, "ckpt_iter": ckpt_iter,
-            "logged_to": logged_to, "warnings": warnings}
+        warnings.append(
+            f"{log_path}: the val loss became {evals[-1]['val_loss']} at iter "
+            f"{evals[-1]['iter']}: the run diverged"
+        )
+    return {
+        "name": os.path.basename(os.path.normpath(path)),
+        "path": path,
+        "config": config,
+        "records": records,
+        "evals": evals,
+        "starts": starts,
+        "ckpt_iter": ckpt_iter,
+        "logged_to": logged_to,
+        "warnings": warnings,
+    }
 
 
 def git_commit():
-    """The commit of the code that runs ('+' when tracked files differ from it), or None outside git."""
+    """The commit of the code that runs ('+' when tracked files differ from it), or None outside
+    git."""
     here = os.path.dirname(os.path.abspath(__file__))
+
     def git(*args, **options):
-        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10, **options)
+        return subprocess.run(
+            ["git", *args], cwd=here, capture_output=True, text=True, timeout=10, **options
+        )
+
     try:
         sha = git("rev-parse", "HEAD", check=True).stdout.strip()  # fails outside a git repository
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
@@ -381,8 +445,10 @@ class RunLog:
             trim_log(path, resume_iter)
         self.file = open_regular(path, "ab+")
         self.wandb = None
-        if wandb_run is not None:  # also send the numbers to Weights & Biases: wandb.init's arguments
+        # also send the numbers to Weights & Biases: wandb.init's arguments
+        if wandb_run is not None:
             import wandb  # lazy: optional
+
             self.wandb = wandb
             wandb.init(**wandb_run)
 
@@ -393,40 +459,60 @@ class RunLog:
             numbers = {k: v for k, v in record.items() if k not in ("event", "gamma", "delta")}
             for name in ("gamma", "delta"):  # every head's γ, δ on its own: gamma/L{layer}H{head}
                 for layer, heads in enumerate(record.get(name, [])):
-                    numbers.update({f"{name}/L{layer}H{head}": value for head, value in enumerate(heads)})
+                    numbers.update(
+                        {f"{name}/L{layer}H{head}": value for head, value in enumerate(heads)}
+                    )
             self.wandb.log(numbers, step=record["iter"])
 
 
 # -----------------------------------------------------------------------------
 # what a run (hardware.Run, train.py's process) writes into the run directory
 
+
 def start_run_dir(run, cfg, resume_iter, changed):
-    """On the writing process: claim cfg.out_dir, start its log with a start record (resume_iter: the
-    checkpoint's iteration, None for a new run; changed: {each setting a resume changed: its old value})."""
+    """On the writing process: claim cfg.out_dir, start its log with a start record (resume_iter:
+    the checkpoint's iteration, None for a new run; changed: {each setting a resume changed: its old
+    value})."""
     if not run.writes:
         return
     claim_run_dir(cfg.out_dir, resume_iter is not None)
     wandb_run = dict(project=cfg.wandb_project, name=cfg.wandb_run_name, config=vars(cfg))
-    run.run_log = RunLog(cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None)
-    run.log({"event": "start", "iter": resume_iter or 0, "config": vars(cfg), "changed": changed,
-             "commit": git_commit(),
-             "torch": torch.__version__, "device": run.dev, "dtype": run.dtype, "world_size": run.world_size})
+    run.run_log = RunLog(
+        cfg.out_dir, resume_iter=resume_iter, wandb_run=wandb_run if cfg.wandb_log else None
+    )
+    run.log(
+        {
+            "event": "start",
+            "iter": resume_iter or 0,
+            "config": vars(cfg),
+            "changed": changed,
+            "commit": git_commit(),
+            "torch": torch.__version__,
+            "device": run.dev,
+            "dtype": run.dtype,
+            "world_size": run.world_size,
+        }
+    )
 
 
 def save_checkpoint(run, checkpoint, write_ckpt_pt):
-    """train.py's checkpoint as ckpt.pt if write_ckpt_pt and as ckpt_NNNNNN.pt if save_every is due; after
-    ckpt.pt, config.json: its settings, which every reader takes (so written only once they are saved)."""
+    """train.py's checkpoint as ckpt.pt if write_ckpt_pt and as ckpt_NNNNNN.pt if save_every is due;
+    after ckpt.pt, config.json: its settings, which every reader takes (so written only once they
+    are saved)."""
     cfg, iter_num = checkpoint["config"], checkpoint["iter_num"]
     paths = [os.path.join(cfg["out_dir"], "ckpt.pt")] if write_ckpt_pt else []
-    if cfg["save_every"] and iter_num % cfg["save_every"] == 0:  # for analysis; resume reads ckpt.pt
+    # for analysis; resume reads ckpt.pt
+    if cfg["save_every"] and iter_num % cfg["save_every"] == 0:
         paths.append(os.path.join(cfg["out_dir"], f"ckpt_{iter_num:06d}.pt"))
     for path in paths:
         atomic_write(path, lambda f: torch.save(checkpoint, f))
         run.say(f"saved checkpoint to {path}")
-    if write_ckpt_pt:  # (after the log's first lines: a config.json without a log is no run's, check_run_dir)
+    # (after the log's first lines: a config.json without a log is no run's, check_run_dir)
+    if write_ckpt_pt:
         settings = json.dumps(cfg, indent=1).encode()
         atomic_write(os.path.join(cfg["out_dir"], "config.json"), lambda f: f.write(settings))
-        run.log({"event": "checkpoint", "iter": iter_num})  # after it: what ckpt.pt holds (load_run)
+        # after it: what ckpt.pt holds (load_run)
+        run.log({"event": "checkpoint", "iter": iter_num})
 
 
 def stop_if_not_finite(what, value, iter_num, out_dir):
@@ -434,7 +520,12 @@ def stop_if_not_finite(what, value, iter_num, out_dir):
     if math.isfinite(value):
         return
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
-    last = (f"the last good checkpoint {ckpt_path} is untouched" if os.path.exists(ckpt_path)
-            else "no checkpoint was written")
-    raise FloatingPointError(f"{what} became {value} at iter {iter_num}; stopping ({last}). "
-                             "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32.")
+    last = (
+        f"the last good checkpoint {ckpt_path} is untouched"
+        if os.path.exists(ckpt_path)
+        else "no checkpoint was written"
+    )
+    raise FloatingPointError(
+        f"{what} became {value} at iter {iter_num}; stopping ({last}). "
+        "Try a lower learning_rate, grad_clip=1.0 or dtype=bfloat16/float32."
+    )
