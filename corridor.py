@@ -58,8 +58,8 @@ def summarize(run):
     made them: its label (op, changed controls, the seed it is paired under) and its story, a line
     per resume."""
     cfg, starts, last = run["config"], run["starts"], run["evals"][-1]
-    # (layer, head)
-    gamma, delta = np.array(last["gamma"], dtype=float), np.array(last["delta"], dtype=float)
+    gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
+    delta = np.array(last["delta"], dtype=float)  # (layer, head)
     # open: −1 (Laplacian) and 0 (attention) are its endpoints
     inside = (gamma > -1.0) & (gamma < 0.0)
     best = min(
@@ -67,25 +67,17 @@ def summarize(run):
     )
     # paired by the seed its initial weights and first steps came from: the one before any resume
     # changed it
-    seeds = [
-        s["changes"]["seed"]
-        for s in starts
-        if "seed" in s["changes"] and s["iter"] < run["ckpt_iter"]
-    ]
+    seeds = [start["changes"]["seed"] for start in starts
+             if "seed" in start["changes"] and start["iter"] < run["ckpt_iter"]]
     seed = seeds[0][0] if seeds else cfg.get("seed")
     label = " ".join([cfg["op"], *(f"{k}={v}" for k, v in controls(cfg).items()), f"seed={seed}"])
     if seeds:  # the seeds its saved steps drew their batches from, in turn
         label += f" [seeds {' → '.join(str(x) for x in [seed] + [now for _, now in seeds])}]"
-    story = [
-        f"resumed at iter {s['iter']}: "
-        + (
-            ", ".join(f"{k} {was!r} → {now!r}" for k, (was, now) in s["changes"].items())
-            or "no setting changed"
-        )
-        + ("; it saved nothing" if s["iter"] == run["ckpt_iter"] else "")
-        for s in starts
-        if s["iter"]
-    ]
+    story = []  # a line per resume (a start after iter 0): what it changed, and whether it saved
+    for start in [start for start in starts if start["iter"]]:
+        changes = ", ".join(f"{k} {was!r} → {now!r}" for k, (was, now) in start["changes"].items())
+        saved = "; it saved nothing" if start["iter"] == run["ckpt_iter"] else ""
+        story.append(f"resumed at iter {start['iter']}: {changes or 'no setting changed'}{saved}")
     if run["logged_to"] > run["ckpt_iter"]:
         story.append(
             f"iters {run['ckpt_iter'] + 1}–{run['logged_to']} left out: logged after the last "
