@@ -829,8 +829,7 @@ def draw_operators(run_dir, text, out_dir):
 # Command line
 OPTIONS = dict(
     out="",  # the folder for the figures; default: the first run's directory
-    # also write one row per run (its settings, final val loss and γ; CSV_COLUMNS) to this CSV file
-    csv="",
+    csv="",  # also write one row per run (its settings, final val loss and γ) to this CSV file
     text="",  # draw every head's operator on this text (operators.png), from one run's checkpoint
 )
 
