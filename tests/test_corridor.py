@@ -240,7 +240,8 @@ def test_not_utf8_names_the_file(tmp_path, capsys):
     d = make_run(tmp_path, "latin1")
     cfg = tmp_path / "latin1" / "config.json"
     cfg.write_bytes(cfg.read_bytes().replace(b'"pydocs"', b'"caf\xe9"'))  # é in Latin-1: not UTF-8
-    assert f"error: {cfg}: not the JSON train.py writes ('utf-8' codec can't decode" in error_line(capsys, [d])
+    line = error_line(capsys, [d])
+    assert f"error: {cfg}: not the JSON train.py writes ('utf-8' codec can't decode" in line
     d = make_run(tmp_path, "badlog")
     log = tmp_path / "badlog" / "log.jsonl"
     lines = log.read_bytes().splitlines(keepends=True)
@@ -489,11 +490,13 @@ def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_
     setting its resume changed under the comparison."""
     monkeypatch.chdir(tmp_path)
     for seed in (1337, 7):
-        train.main(QUICK + ["--val_tokens=64", f"--out_dir=out/attn_s{seed}", "--op=attention", "--max_iters=4",
+        train.main(QUICK + ["--val_tokens=64", f"--out_dir=out/attn_s{seed}", "--op=attention",
+                            "--max_iters=4",
                             f"--seed={seed}"])
     train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_s7", "--max_iters=4", "--seed=7"])
     train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_r"])  # 2 iterations, seed 1337
-    train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_r", "--init_from=resume", "--max_iters=4", "--seed=7"])
+    train.main(QUICK + ["--val_tokens=64", "--out_dir=out/mix_r", "--init_from=resume", "--max_iters=4",
+                        "--seed=7"])
     dirs = ["out/attn_s1337", "out/attn_s7", "out/mix_s7", "out/mix_r"]
     runs = [corridor.load_run(d) for d in dirs]
     mix = group(corridor.compare(runs), "mix")
@@ -603,9 +606,11 @@ def test_a_resume_killed_before_its_checkpoint_is_named_and_left_out(resume, cap
     out, val, iters = agree(capsys, str(tmp_path / "mix_r"), tmp_path, written)
     assert (val, iters) == (evals[2], 2)
     assert out.startswith("== mix_r  (mix seed=1337)\n"
-                          "   resumed at iter 2: learning_rate 0.003 → 0.001, max_iters 2 → 4; it saved nothing\n"
-                          "   iters 3–4 left out: logged after the last checkpoint (iter 2), so no checkpoint "
-                          "holds them\n   tokens 64, iter 2;")
+                          "   resumed at iter 2: learning_rate 0.003 → 0.001, max_iters 2 → 4; "
+                          "it saved nothing\n"
+                          "   iters 3–4 left out: logged after the last checkpoint (iter 2), "
+                          "so no checkpoint holds them\n"
+                          "   tokens 64, iter 2;")
 
 
 @pytest.mark.slow
