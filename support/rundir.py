@@ -7,7 +7,7 @@ A run directory, as train.py writes it and sample.py and corridor.py read it:
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader
                   position, meta
     ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resume reads ckpt.pt)
-    lock          held by the process that writes the run, so that two runs never share a directory
+    lock          held by the process that writes the run: two runs never share a directory
 
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves
 a broken one. A run directory may come from someone else: nothing here follows a symbolic link or
