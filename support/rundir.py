@@ -6,7 +6,7 @@ A run directory, as train.py writes it and sample.py and corridor.py read it:
                   eval, checkpoint (ckpt.pt and config.json written), done
     ckpt.pt       train.py's dict `checkpoint`: model, optimizer, settings, counters, loader
                   position, meta
-    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resume reads ckpt.pt)
+    ckpt_NNNNNN.pt  the same at iteration NNNNNN, with save_every (for analysis; resume: ckpt.pt)
     lock          held by the process that writes the run: two runs never share a directory
 
 Every file is written to a fresh temporary name and renamed, so a crash or a full disk never leaves
