@@ -333,8 +333,6 @@ def test_a_setting_with_a_space_instead_of_equals_says_how_to_write_it(workdir):
     message = train_error("--max_iters", "5")
     assert message == ("error: argument '--max_iters' must look like --key=value, with '=' and no space: "
                        "--max_iters=VALUE")
-    with pytest.raises(configurator.ConfigError, match="--name=VALUE"):
-        pd.main(["text", "--name", "x", "--input=book.txt"])
 
 
 @pytest.mark.parametrize("kind", ["folder", "FIFO", "link"])
