@@ -40,10 +40,7 @@ class ShardFile:
         self.file.write(bytes(HEADER_BYTES))  # a blank header for now: the count is known only at the end
 
     def write(self, tokens):
-        tokens = np.asarray(tokens)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
-            raise DataError(f"{self.path}: token ids must fit in uint16 (0..65535); use a smaller vocabulary")
-        self.file.write(tokens.astype("<u2").tobytes())
+        self.file.write(np.asarray(tokens).astype("<u2").tobytes())  # prepare_data.py: vocab_size <= 2**16
         self.count += len(tokens)
 
     def __enter__(self):
@@ -99,17 +96,13 @@ def read_json(path):
 
 
 def check_meta(meta, where, remedy="prepare the dataset again"):
-    """meta must describe a dataset (how to decode it, and the token counts if it records them): a meta.json,
-    or the copy a checkpoint keeps. Else one line naming where it came from, ending in what to do."""
+    """meta must describe a dataset, as prepare_data.py writes it: a meta.json, or the copy a checkpoint keeps.
+    Else (from another version, or from elsewhere) one line naming where it came from, ending in what to do."""
     ok = isinstance(meta, dict) and meta.get("tokenizer") in ("char", "byte", "gpt2") and \
-        type(meta.get("vocab_size")) is int and 0 < meta["vocab_size"] <= 2**16
-    if ok and meta["tokenizer"] == "char":  # a char dataset also needs its alphabet, one char per token
-        ok = isinstance(meta.get("chars"), str) and len(meta["chars"]) == meta["vocab_size"]
-    ok = ok and (meta["tokenizer"] != "byte" or meta["vocab_size"] <= 256)  # a byte is one of 256 symbols
-    if not ok:
+        type(meta.get("vocab_size")) is int
+    if not ok or meta["tokenizer"] == "char" and not isinstance(meta.get("chars"), str):
         raise DataError(f"{where} does not describe a dataset (tokenizer char, byte or gpt2; vocab_size an "
-                        "integer in 1..65536, at most 256 for byte; chars, one per token, for char): it was "
-                        f"edited or comes from elsewhere; {remedy}")
+                        f"integer; chars for char): it was edited or comes from elsewhere; {remedy}")
     return meta
 
 
