@@ -155,8 +155,8 @@ def ensure_prepared(name, out_dir="data"):
         if not prepared_from(data_dir, None):
             with preparing(out_dir, name):
                 if not prepared_from(data_dir, None):  # else another process prepared it while we waited
-                    print(f"{data_dir} is not prepared (or is damaged): preparing the offline default corpus "
-                          f"{name} first")
+                    print(f"{data_dir} is not prepared (or is damaged): preparing the offline "
+                          f"default corpus {name} first")
                     prepare_documents(name, pydocs_documents(), out_dir)
         return data_dir
     if os.path.lexists(os.path.join(data_dir, "meta.json")):
@@ -164,11 +164,13 @@ def ensure_prepared(name, out_dir="data"):
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
-    leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command finishes"
+    leftover = (f"; {staging}/ is left from an interrupted preparation, which the same command "
+                "finishes"
                 if os.path.isdir(staging) else "")
     what = ("has no meta.json, so it is not a finished dataset" if os.path.isdir(data_dir) else
             "is not a folder" if os.path.lexists(data_dir) else "does not exist")
-    raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py {how}`")
+    raise DataError(f"dataset {data_dir} {what}{leftover}; prepare it with `python prepare_data.py "
+                    f"{how}`")
 
 
 # -----------------------------------------------------------------------------
@@ -185,14 +187,15 @@ def shakespeare_documents():
         with urllib.request.urlopen(SHAKESPEARE_URL, timeout=30) as r:
             return [r.read().decode("utf-8")]
     except OSError as e:  # URLError and timeouts are OSErrors too
-        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); offline, fetch "
-                        f"{SHAKESPEARE_URL} elsewhere and run `python prepare_data.py text --input=PATH "
-                        "--name=shakespeare_char`") from None
+        raise DataError(f"could not download tiny shakespeare ({getattr(e, 'reason', e)}); "
+                        f"offline, fetch {SHAKESPEARE_URL} elsewhere and run `python "
+                        "prepare_data.py text --input=PATH --name=shakespeare_char`") from None
 
 
 def text_documents(path):
     if not os.path.lexists(path):
-        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of .txt files")
+        raise DataError(f"--input={path} does not exist; give a UTF-8 text file or a folder of "
+                        ".txt files")
     files = [path]
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
@@ -203,7 +206,8 @@ def text_documents(path):
             with open_regular(file, encoding="utf-8") as f:
                 yield f.read()
         except UnicodeDecodeError:
-            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and retry") from None
+            raise DataError(f"{file} is not UTF-8 text; convert it (e.g. iconv -t UTF-8) and "
+                            "retry") from None
 
 
 # -----------------------------------------------------------------------------
@@ -231,8 +235,9 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
     os.makedirs(staging, exist_ok=True)
     os.makedirs(data_dir, exist_ok=True)
     shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
-    print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} processes; disk "
-          f"needed ~{gigabytes(shards + max((sizes[file] for file in todo), default=0))} (the shards, and "
+    print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} "
+          "processes; disk needed "
+          f"~{gigabytes(shards + max((sizes[file] for file in todo), default=0))} (the shards, and "
           f"one parquet file at a time); {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
@@ -288,15 +293,17 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
         return data_dir
     extra = sorted({os.path.basename(p) for p in find_shards(data_dir, "train")} - set(files))
     if extra:
-        raise DataError(f"{data_dir} holds {len(extra)} train shards beyond --train_shards={train_shards} "
-                        f"({extra[0]} ...), which training reads too; delete them or raise --train_shards")
+        raise DataError(f"{data_dir} holds {len(extra)} train shards beyond "
+                        f"--train_shards={train_shards} ({extra[0]} ...), which training reads "
+                        "too; delete them or raise --train_shards")
     sizes = hub_sizes(FINEWEB_REPO, FINEWEB_REVISION, files)
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
     todo = [file for file in files if os.path.islink(final(file)) or not os.path.isfile(final(file)) or
             os.path.getsize(final(file)) != sizes[file]]  # files already here, whole, are kept
     os.makedirs(data_dir, exist_ok=True)
-    print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading {len(todo)} "
-          f"needs {gigabytes(sum(map(sizes.get, todo)))} ({gigabytes(shutil.disk_usage(out_dir).free)} free)")
+    print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading "
+          f"{len(todo)} needs {gigabytes(sum(map(sizes.get, todo)))} "
+          f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
         path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], staging)
@@ -304,7 +311,8 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
             read_shard(path, vocab_size=50257)  # the header, the size it implies, every token id
         except DataError as e:
             os.remove(path)
-            raise DataError(f"{e} (deleted it: run the same command again to fetch it anew)") from None
+            raise DataError(f"{e} (deleted it: run the same command again to fetch it "
+                            "anew)") from None
         os.replace(path, final(file))
     tokens = {split: sum(len(read_shard(final(file))) for file in files if f"_{split}_" in file)
               for split in ("val", "train")}
@@ -414,9 +422,9 @@ def check_dataset_name(key, name):
     prefix: no '/', '..', glob ('py*' is pydocs too), '_train' or '_val' (the other split's shards match)."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
-        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} letters, digits, "
-                        "'_', '-' and '.', starting with a letter or digit, not containing or ending in "
-                        f"'_train' or '_val'; give another --{key}")
+        raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} "
+                        "letters, digits, '_', '-' and '.', starting with a letter or digit, not "
+                        f"containing or ending in '_train' or '_val'; give another --{key}")
     return name
 
 
@@ -463,14 +471,16 @@ def preparing(out_dir, name):
         try:
             lock.acquire(blocking=False)
         except filelock.Timeout:
-            print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to finish")
+            print(f"another process is preparing {name} (it holds {lock_path}): waiting for it to "
+                  "finish")
             lock.acquire()
     except FileExistsError:
-        raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into another folder "
-                        "with prepare_data.py NAME --out_dir=DIR") from None
+        raise DataError(f"the data folder {out_dir} is a file; move it away, or prepare into "
+                        "another folder with prepare_data.py NAME --out_dir=DIR") from None
     except OSError as e:
-        raise DataError(f"the data folder {out_dir} cannot be written to ({e.strerror}: {e.filename}); use "
-                        "another one with prepare_data.py NAME --out_dir=DIR") from None
+        raise DataError(f"the data folder {out_dir} cannot be written to ({e.strerror}: "
+                        f"{e.filename}); use another one with prepare_data.py NAME "
+                        "--out_dir=DIR") from None
     try:
         staging = dataset_dirs(out_dir, name)[1]
         if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
@@ -478,8 +488,9 @@ def preparing(out_dir, name):
         yield
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            raise DataError(f"no space left on device in {out_dir}; the unfinished file was removed and the "
-                            "finished ones are kept: free space and run the same command again") from None
+            raise DataError(f"no space left on device in {out_dir}; the unfinished file was "
+                            "removed and the finished ones are kept: free space and run the same "
+                            "command again") from None
         raise DataError(f"{e.strerror or e}: {e.filename or out_dir}") from None
     finally:
         lock.release()
@@ -511,8 +522,8 @@ def hub_download(repo, revision, file, size, staging):
     if os.path.getsize(path) != size:
         got = os.path.getsize(path)
         os.remove(path)
-        raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; deleted it, run "
-                        "the same command again to fetch it anew")
+        raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; "
+                        "deleted it, run the same command again to fetch it anew")
     return path
 
 
@@ -536,8 +547,8 @@ def parquet_columns(path, file, columns):
             yield batch.to_pydict()
     except pa.ArrowException as e:
         os.remove(path)
-        raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, run the "
-                        "same command again to fetch it anew") from None
+        raise DataError(f"{file} cannot be read as parquet ({str(e).splitlines()[0]}); deleted it, "
+                        "run the same command again to fetch it anew") from None
 
 
 def gigabytes(n):
