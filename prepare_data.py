@@ -1,25 +1,26 @@
 """
-Prepare a dataset for nanoCorridor: documents -> train/val split -> tokens -> token shards + meta.json.
+Prepare a dataset for nanoCorridor: documents -> train/val split -> tokens -> shards + meta.json.
 
-    python prepare_data.py pydocs                         # offline default: CPython's own documentation text
+    python prepare_data.py pydocs                         # offline default: CPython's documentation
     python prepare_data.py shakespeare_char               # tiny shakespeare (needs internet)
-    python prepare_data.py text --input=book.txt          # any UTF-8 file, or a folder of .txt files
-    python prepare_data.py openwebtext --num_proc=8       # OpenWebText in GPT-2 tokens (~9B), from parquet
-    python prepare_data.py fineweb10B --train_shards=103  # FineWeb in GPT-2 tokens: 100M per train shard
-    python prepare_data.py hellaswag                      # HellaSwag's val set (for hellaswag_interval)
+    python prepare_data.py text --input=book.txt          # a UTF-8 file, or a folder of .txt files
+    python prepare_data.py openwebtext --num_proc=8       # OpenWebText in GPT-2 tokens (~9B)
+    python prepare_data.py fineweb10B --train_shards=103  # FineWeb in GPT-2 tokens: 100M a shard
+    python prepare_data.py hellaswag                      # HellaSwag's val set (hellaswag_interval)
 
 `python prepare_data.py NAME --help` lists the options NAME takes.
 
-Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard format, see
-support/dataloader.py) and meta.json, written last: a folder without it is not a dataset. The same command
-again finishes an interrupted preparation; openwebtext and fineweb10B keep every finished file. A second
-preparation of the same dataset waits on the lock file out_dir/.NAME.lock, then uses the result.
+Output goes to out_dir/NAME/: NAME_val_000000.bin, NAME_train_000001.bin, ... (the llm.c shard
+format, see support/dataloader.py) and meta.json, written last: a folder without it is not a
+dataset. The same command again finishes an interrupted preparation; openwebtext and fineweb10B keep
+every finished file. A second preparation of the same dataset waits on the lock file
+out_dir/.NAME.lock, then uses the result.
 
 The hub corpora are pinned to one revision each, so they are the same wherever they are prepared:
-- openwebtext: the 80 parquet files of Skylion007/openwebtext. A document goes to val when a hash of its text
-  (BLAKE2b, as a number in [0, 1)) is below --val_fraction: the same split on any machine.
-- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, token ids).
-- hellaswag: Rowan/hellaswag's val split (10,042 examples, checked) as text in out_dir/hellaswag/val.jsonl.
+- openwebtext: the 80 parquet files of Skylion007/openwebtext. A document goes to val when a hash of
+  its text (BLAKE2b, as a number in [0, 1)) is below --val_fraction: the same split on any machine.
+- fineweb10B: kjj0/fineweb10B-gpt2 as modded-nanogpt uses it, each file checked (size, header, ids).
+- hellaswag: Rowan/hellaswag's val split (10,042 examples) as text in out_dir/hellaswag/val.jsonl.
 """
 import argparse
 import errno
@@ -40,22 +41,23 @@ import numpy as np
 from tqdm import tqdm
 
 from support.configurator import open_regular, refuse_unless_regular
-from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta, read_json,
-                                read_shard)
+from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta,
+                                read_json, read_shard)
 from support.rundir import atomic_write
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
-SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts its end-of-text token before each instead)
-NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within 255 bytes, even at 4 bytes a character
+SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+                   "tinyshakespeare/input.txt")
+DOC_SEPARATOR = "\n\n"  # char/byte: between documents (gpt2 puts end-of-text before each instead)
+NAME_LENGTH = 50  # characters: NAME_train_000001.bin.tmp stays within 255 bytes, at 4 bytes a char
 
 OWT_REPO, OWT_REVISION = "Skylion007/openwebtext", "79d93d786212f7344586290adb811d4ae6a1762c"
 OWT_FILES = [f"plain_text/train-{i:05d}-of-00080.parquet" for i in range(80)]
 OWT_DOCUMENTS = 8_013_769  # in that revision
-OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M val): only to estimate the disk
+OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M val): for the disk
 OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
-FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens (200,001,024 bytes) each
+FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens each
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
 HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 
@@ -63,9 +65,10 @@ HELLASWAG_FILE = "data/validation-00000-of-00001.parquet"
 # -----------------------------------------------------------------------------
 # the core: documents -> split -> tokens -> shards -> meta.json
 
-def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000, val_fraction=0.1):
-    """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name (returned):
-    meta.json goes first and comes back last: a kill in between leaves no dataset."""
+def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=100_000_000,
+                      val_fraction=0.1):
+    """Tokenise in-memory documents into shards in the staging folder, then make them out_dir/name
+    (returned): meta.json goes first and comes back last: a kill in between leaves no dataset."""
     start = time.time()
     if not any(docs):
         raise DataError(f"{name}: the corpus is empty; give it some text")
@@ -73,7 +76,7 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     train, val = split_documents(docs, val_fraction)
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
-    # the vocabulary: every character of the corpus (char), the 256 bytes, or GPT-2's 50,257 BPE tokens
+    # the vocabulary: the corpus's characters (char), the 256 bytes, or GPT-2's 50,257 BPE tokens
     meta = {"name": name, "tokenizer": tokenizer, "tokens": {}}
     if tokenizer == "char":
         meta["chars"] = "".join(sorted(set(DOC_SEPARATOR).union(*docs)))
@@ -87,10 +90,11 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
         raise DataError(f"{name}: {meta['vocab_size']:,} distinct characters do not fit uint16; "
                         "use --tokenizer=byte")
     data_dir, staging = dataset_dirs(out_dir, name)
-    shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted run (the lock keeps others out)
+    shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's (the lock keeps others out)
     os.makedirs(staging)
     try:
-        # tokens, then shards of shard_size tokens each, numbered as llm.c: NAME_val_000000, NAME_train_000001
+        # tokens, then shards of shard_size tokens, numbered as llm.c's: NAME_val_000000,
+        # NAME_train_000001, ...
         for split, split_docs in (("val", val), ("train", train)):
             tokens = encode_split(split_docs, meta, f"tokenising {split}")
             if len(tokens) == 0:
@@ -113,8 +117,9 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
 
 
 def split_documents(docs, val_fraction):
-    """Deterministic split: the last val_fraction of the characters go to val, as whole documents except for
-    the one that straddles the cut (so a one-document corpus is split 90/10 exactly like nanoGPT does)."""
+    """Deterministic split: the last val_fraction of the characters go to val, as whole documents
+    except for the one that straddles the cut (so a one-document corpus is split 90/10 exactly like
+    nanoGPT does)."""
     cut, seen = int(sum(map(len, docs)) * (1 - val_fraction)), 0
     train, val = [], []
     for doc in docs:
@@ -130,37 +135,42 @@ def split_documents(docs, val_fraction):
 
 
 def encode_split(docs, meta, desc):
-    """A split's documents as one uint16 array (gpt2's is smaller than their text, in memory already): gpt2
-    document by document, char and byte joined by DOC_SEPARATOR in numpy (a Python loop is slow on 100 MB)."""
+    """A split's documents as one uint16 array (gpt2's is smaller than their text, in memory
+    already): gpt2 document by document, char and byte joined by DOC_SEPARATOR in numpy (a Python
+    loop is slow on 100 MB)."""
     if meta["tokenizer"] == "gpt2":
         enc, docs = gpt2_encoding(), tqdm(docs, desc=desc, unit="doc", disable=len(docs) < 1000)
-        return np.fromiter(chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs), np.uint16)
+        tokens = chain.from_iterable(encode_gpt2_document(doc, enc) for doc in docs)
+        return np.fromiter(tokens, np.uint16)
     text = DOC_SEPARATOR.join(docs)
     if meta["tokenizer"] == "byte":
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
     codepoints = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
-    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")  # sorted, so searchsorted finds ids
+    # the vocabulary is sorted, so searchsorted finds each character's id
+    vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")
     return np.searchsorted(vocab, codepoints).astype(np.uint16)
 
 
 def encode_gpt2_document(text, enc):
-    return [enc.eot_token] + enc.encode_ordinary(text)  # as in llm.c: end-of-text starts every document
+    return [enc.eot_token] + enc.encode_ordinary(text)  # as llm.c: end-of-text starts a document
 
 
 def ensure_prepared(name, out_dir="data"):
-    """The data dir of dataset `name`, once it is prepared (a valid meta.json, and shards that hold the tokens
-    it records). The offline default corpus is prepared on the fly, again if it is damaged."""
+    """The data dir of dataset `name`, once it is prepared (a valid meta.json, and shards that hold
+    the tokens it records). The offline default corpus is prepared on the fly, again if it is
+    damaged."""
     data_dir, staging = dataset_dirs(out_dir, check_dataset_name("dataset", name))
     if name == DEFAULT_CORPUS:
         if not prepared_from(data_dir, None):
             with preparing(out_dir, name):
-                if not prepared_from(data_dir, None):  # else another process prepared it while we waited
+                # else another process prepared it while we waited
+                if not prepared_from(data_dir, None):
                     print(f"{data_dir} is not prepared (or is damaged): preparing the offline "
                           f"default corpus {name} first")
                     prepare_documents(name, pydocs_documents(), out_dir)
         return data_dir
     if os.path.lexists(os.path.join(data_dir, "meta.json")):
-        load_meta(data_dir)  # a damaged dataset (a shard missing, a broken meta.json) is refused, saying what
+        load_meta(data_dir)  # a damaged dataset (a shard missing, meta.json broken) is refused
         return data_dir
     where = "" if out_dir == "data" else f" --out_dir={out_dir}"
     how = f"{name}{where}" if name in CORPORA else f"text --input=PATH --name={name}{where}"
@@ -177,7 +187,7 @@ def ensure_prepared(name, out_dir="data"):
 # corpora small enough to hold in memory: their documents
 
 def pydocs_documents():
-    from pydoc_data.topics import topics  # CPython's documentation topics: ~465k characters of English
+    from pydoc_data.topics import topics  # CPython's documentation: ~465k characters of English
     return [topics[key] for key in sorted(topics)]
 
 
@@ -198,7 +208,8 @@ def text_documents(path):
                         ".txt files")
     files = [path]
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(".txt"))
+        names = [f for f in os.listdir(path) if f.lower().endswith(".txt")]
+        files = sorted(os.path.join(path, f) for f in names)
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     for file in files:
@@ -214,14 +225,15 @@ def text_documents(path):
 # corpora on the Hugging Face hub, at pinned revisions, prepared a file at a time
 
 def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
-    """OpenWebText -> GPT-2 tokens, one parquet file at a time:
-    fetched, tokenised in num_proc processes into its train shard and val share, noted in progress.json."""
+    """OpenWebText -> GPT-2 tokens, one parquet file at a time: fetched, tokenised in num_proc
+    processes into its train shard and val share, noted in progress.json."""
     from multiprocessing import Pool
     start, name = time.time(), "openwebtext"
     num_proc = num_proc or max(1, (os.cpu_count() or 2) // 2)
     enc = gpt2_encoding()  # first: it fails fast, the download does not
     data_dir, staging = dataset_dirs(out_dir, name)
-    source = {"repo": OWT_REPO, "revision": OWT_REVISION, "tokenizer": enc.name, "val_fraction": val_fraction}
+    source = {"repo": OWT_REPO, "revision": OWT_REVISION, "tokenizer": enc.name,
+              "val_fraction": val_fraction}
     if prepared_from(data_dir, source):
         print(f"{data_dir} is already prepared; delete it to prepare it again")
         return data_dir
@@ -241,7 +253,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
           f"one parquet file at a time); {gigabytes(shutil.disk_usage(out_dir).free)} free")
     Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
-    encode = partial(encode_in_worker, enc=enc, val_fraction=val_fraction)  # tiktoken's pickles by name
+    # tiktoken's encoding pickles by name
+    encode = partial(encode_in_worker, enc=enc, val_fraction=val_fraction)
     with Pool(num_proc) as pool, \
             tqdm(total=OWT_DOCUMENTS, initial=sum(d["docs"] for d in done.values()), unit="doc",
                  desc=f"tokenising {name}") as bar:
@@ -253,7 +266,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
             with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
                     ShardFile(val_share(i)) as val:
                 for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
-                    # one batch at a time through map: imap over every document would queue the whole file
+                    # one batch at a time through map: imap over every document would queue the
+                    # whole file
                     for tokens, in_val in pool.map(encode, texts, chunksize=64):
                         (val if in_val else train).write(tokens)
                     docs += len(texts)
@@ -261,12 +275,14 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
             done[file] = {"docs": docs, "train": train.count, "val": val.count}
             write_json(progress_path, progress)  # from here on this file counts as done
             os.remove(path)
-    meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab, "eot_token": enc.eot_token,
+    meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab,
+            "eot_token": enc.eot_token,
             "source": source, "documents": sum(d["docs"] for d in done.values()),
             "tokens": {split: sum(d[split] for d in done.values()) for split in ("val", "train")}}
     if meta["tokens"]["val"] == 0:
         raise DataError(f"{name}: the val split is empty; raise --val_fraction")
-    with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:  # the val shares, in file order
+    # the val shares, in file order, make the val shard
+    with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:
         for i in range(len(OWT_FILES)):
             val.write(read_shard(val_share(i)))
     write_json(os.path.join(data_dir, "meta.json"), meta)
@@ -277,16 +293,17 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
 
 
 def encode_in_worker(text, enc, val_fraction):
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # the same on every machine
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()  # same on any machine
     in_val = int.from_bytes(digest, "big") / 2**64 < val_fraction
     return np.array(encode_gpt2_document(text, enc), dtype=np.uint16), in_val
 
 
 def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
-    """FineWeb's val shard and first train_shards train shards (GPT-2 tokens), checked; whole ones kept."""
+    """FineWeb's val shard and its first train_shards train shards (GPT-2 tokens), checked."""
     start, name = time.time(), "fineweb10B"
     data_dir, staging = dataset_dirs(out_dir, name)
-    files = ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, train_shards + 1)]
+    files = ["fineweb_val_000000.bin"]
+    files += [f"fineweb_train_{i:06d}.bin" for i in range(1, train_shards + 1)]
     source = {"repo": FINEWEB_REPO, "revision": FINEWEB_REVISION, "train_shards": train_shards}
     if prepared_from(data_dir, source):
         print(f"{data_dir} is already prepared; delete it to prepare it again")
@@ -325,7 +342,7 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
 
 
 def prepare_hellaswag(out_dir="data"):
-    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl, one example a line: ctx, endings, label."""
+    """HellaSwag's val split -> out_dir/hellaswag/val.jsonl: ctx, endings, label, one a line."""
     data_dir, staging = dataset_dirs(out_dir, "hellaswag")
     path = os.path.join(data_dir, "val.jsonl")
     if os.path.exists(path):
@@ -337,7 +354,8 @@ def prepare_hellaswag(out_dir="data"):
     for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
         for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
             # the label: a string in the hub's parquet, an int in the original jsonl
-            example = {"ctx": ctx, "endings": endings, "label": int(label) if str(label).isdigit() else label}
+            label = int(label) if str(label).isdigit() else label
+            example = {"ctx": ctx, "endings": endings, "label": label}
             examples.append(json.dumps(example) + "\n")
     os.makedirs(data_dir, exist_ok=True)
     atomic_write(path, lambda f: f.write("".join(examples).encode("utf-8")))  # whole or not at all
@@ -356,42 +374,48 @@ def between(kind, low, high):
         if not low < value < high:
             raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
         return value
-    parse.__name__ = kind.__name__  # argparse's word for a value that is no number: "invalid int value"
+    parse.__name__ = kind.__name__  # for argparse's "invalid int value: 'abc'"
     return parse
 
 
+# the options, as argparse takes them; only those given reach prepare: each corpus has its defaults
+POSITIVE, FRACTION = between(int, 0, np.inf), between(float, 0, 1)
 INPUT = "--input", dict(required=True, help="a UTF-8 text file, or a folder of .txt files")
-TEXT = [("--name", dict(help="the dataset's name (default: the corpus's, or the input's file name)")),
-        ("--tokenizer", dict(choices=["char", "byte", "gpt2"], help="char (the corpus's characters, the "
-                             "default), byte or gpt2")),
-        ("--shard_size", dict(type=between(int, 0, np.inf), help="tokens per shard (default 100,000,000)")),
-        ("--val_fraction", dict(type=between(float, 0, 1), help="the text's last share that goes to val "
-                                "(default 0.1)"))]
-CORPORA = {  # name -> (its documents, held in memory, or the function that prepares it; its options)
+TEXT = [("--name", dict(help="the dataset's name (default: the corpus's, or the input's)")),
+        ("--tokenizer", dict(choices=["char", "byte", "gpt2"],
+                             help="char (the corpus's characters; the default), byte or gpt2")),
+        ("--shard_size", dict(type=POSITIVE, help="tokens per shard (default 100,000,000)")),
+        ("--val_fraction", dict(type=FRACTION, help="the share of the text, at its end, that goes "
+                                "to val (default 0.1)"))]
+OWT = [("--val_fraction", dict(type=FRACTION, help="the share of documents that go to val, by a "
+                               "hash of their text (default 0.0005)")),
+       ("--num_proc", dict(type=POSITIVE, help="tokenising processes (default: half the CPUs)"))]
+FINEWEB = [("--train_shards", dict(type=between(int, 0, FINEWEB_TRAIN_FILES + 1),
+                                   help="train shards of 100M tokens to fetch, 1 to 103 (default: "
+                                   "all)"))]
+# name -> (its documents, held in memory, or the function that prepares it; its options)
+CORPORA = {
     "pydocs": ("documents", pydocs_documents, TEXT),
     "shakespeare_char": ("documents", shakespeare_documents, TEXT),
     "text": ("documents", text_documents, [INPUT, *TEXT]),
-    "openwebtext": ("prepared", prepare_openwebtext, [
-        ("--val_fraction", dict(type=between(float, 0, 1), help="the share of documents that go to val, by "
-                                "a hash of their text (default 0.0005)")),
-        ("--num_proc", dict(type=between(int, 0, np.inf), help="tokenising processes (default: half the "
-                            "CPUs)"))]),
-    "fineweb10B": ("prepared", prepare_fineweb, [
-        ("--train_shards", dict(type=between(int, 0, FINEWEB_TRAIN_FILES + 1), help="how many train shards of "
-                                f"100M tokens to fetch, 1 to {FINEWEB_TRAIN_FILES} (default: all)"))]),
+    "openwebtext": ("prepared", prepare_openwebtext, OWT),
+    "fineweb10B": ("prepared", prepare_fineweb, FINEWEB),
     "hellaswag": ("prepared", prepare_hellaswag, []),
 }
 
 
 def prepare(corpus, out_dir="data", **options):
-    """Prepare `corpus` with the options CORPORA gives it, as the command line does; returns its data dir."""
+    """Prepare `corpus` with the options CORPORA gives it, as the command line does: its data dir."""
     kind, source, _ = CORPORA[corpus]
-    if kind == "prepared":  # a hub corpus, too large for memory: its own function prepares it file by file
+    # a hub corpus, too large for memory: its own function prepares it file by file
+    if kind == "prepared":
         with preparing(out_dir, corpus):
             return source(out_dir, **options)
     input = options.pop("input", None)
     # the name: the input's for text (books/ -> books, moby.txt -> moby), else the corpus's
-    default = corpus if input is None else os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
+    default = corpus
+    if input is not None:
+        default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
     name = check_dataset_name("name", options.pop("name", default))
     docs = list(source() if input is None else source(input))
     with preparing(out_dir, name):
@@ -399,10 +423,10 @@ def prepare(corpus, out_dir="data", **options):
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
     names = parser.add_subparsers(dest="corpus", metavar="NAME", required=True)
     for corpus, (_, _, options) in CORPORA.items():
-        # SUPPRESS: only the options given reach prepare, each corpus keeping its own defaults
         sub = names.add_parser(corpus, argument_default=argparse.SUPPRESS)
         sub.add_argument("--out_dir", help="datasets go to OUT_DIR/NAME/ (default: data)")
         for flag, settings in options:
@@ -418,8 +442,9 @@ def main(argv):
 # publishing: a dataset appears whole or not at all, one preparation at a time
 
 def check_dataset_name(key, name):
-    """The one check of a dataset's name (--name, train.py --dataset), the folder out_dir/NAME and its shards'
-    prefix: no '/', '..', glob ('py*' is pydocs too), '_train' or '_val' (the other split's shards match)."""
+    """The one check of a dataset's name (--name, train.py --dataset), the folder out_dir/NAME and
+    its shards' prefix: no '/', '..', glob ('py*' is pydocs too), '_train' or '_val' (the other
+    split's shards match)."""
     plain = re.fullmatch(r"[^\W_][\w.-]*", name) and len(name) <= NAME_LENGTH
     if not plain or any(f"_{split}_" in name + "_" for split in ("train", "val")):
         raise DataError(f"--{key}={name!r} must be a plain folder name: up to {NAME_LENGTH} "
@@ -438,8 +463,9 @@ def write_json(path, value):
 
 
 def publish(staging, data_dir):
-    """Move staging's shards into data_dir in place of an earlier preparation's, its meta.json removed first:
-    a kill on the way leaves a folder without meta.json, which is not a dataset. Returns the files moved."""
+    """Move staging's shards into data_dir in place of an earlier preparation's, its meta.json
+    removed first: a kill on the way leaves a folder without meta.json, which is not a dataset.
+    Returns the files moved."""
     os.makedirs(data_dir, exist_ok=True)
     Path(data_dir, "meta.json").unlink(missing_ok=True)
     for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):
@@ -451,7 +477,7 @@ def publish(staging, data_dir):
 
 
 def prepared_from(data_dir, source):
-    """Whether data_dir holds a finished, undamaged dataset made from `source` (None: documents in memory)."""
+    """Whether data_dir holds a finished, whole dataset made from `source` (None: in-memory docs)."""
     try:
         return load_meta(data_dir).get("source") == source
     except DataError:  # no meta.json, a broken one, or shards that do not hold what it records
@@ -462,12 +488,14 @@ def prepared_from(data_dir, source):
 def preparing(out_dir, name):
     """Hold the dataset's lock while preparing it, and turn a failing file system into one line."""
     lock_path = os.path.join(out_dir, f".{name}.lock")
-    # the OS's lock (flock, LockFileEx), as rundir.lock_run_dir's: released when the process dies, even by
-    # kill -9, and its file stays. Where the OS has none, filelock's marker file must be removed to release.
-    lock = filelock.FileLock(lock_path, preserve_lock_file=filelock.FileLock is not filelock.SoftFileLock)
+    # the OS's lock (flock, LockFileEx), as rundir.lock_run_dir's: released when the process dies,
+    # even by kill -9, and its file stays. Where the OS has none, filelock's marker file must be
+    # removed to release it.
+    os_lock = filelock.FileLock is not filelock.SoftFileLock
+    lock = filelock.FileLock(lock_path, preserve_lock_file=os_lock)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        refuse_unless_regular(lock_path)  # a link, a folder or a FIFO there is refused, never followed
+        refuse_unless_regular(lock_path)  # a link, a folder or a FIFO there: refused, not followed
         try:
             lock.acquire(blocking=False)
         except filelock.Timeout:
@@ -483,7 +511,7 @@ def preparing(out_dir, name):
                         "--out_dir=DIR") from None
     try:
         staging = dataset_dirs(out_dir, name)[1]
-        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed, never followed
+        if os.path.islink(staging):  # the hidden folder is ours: a link there is removed
             os.remove(staging)
         yield
     except OSError as e:
@@ -497,8 +525,9 @@ def preparing(out_dir, name):
 
 
 def hub_sizes(repo, revision, files):
-    """{file: bytes} as the hub lists them. One request, before anything else: offline, or a wrong repository
-    or revision, fails at once, and the sizes give the disk needed and the check of every download."""
+    """{file: bytes} as the hub lists them. One request, before anything else: offline, or a wrong
+    repository or revision, fails at once, and the sizes give the disk needed and the check of every
+    download."""
     import huggingface_hub
     try:
         infos = huggingface_hub.get_paths_info(repo, files, repo_type="dataset", revision=revision)
@@ -508,7 +537,8 @@ def hub_sizes(repo, revision, files):
 
 
 def hub_download(repo, revision, file, size, staging):
-    """Fetch one file into staging/download (resumed if interrupted); its path, once its size is right."""
+    """Fetch one file into staging/download (resumed if interrupted): its path, once its size is
+    the hub's."""
     import huggingface_hub
     download_dir = os.path.join(staging, "download")
     try:
@@ -516,7 +546,7 @@ def hub_download(repo, revision, file, size, staging):
                                                local_dir=download_dir)
     except Exception as e:
         if getattr(e, "errno", None) == errno.ENOSPC:
-            shutil.rmtree(download_dir, ignore_errors=True)  # the partial download: give the space back
+            shutil.rmtree(download_dir, ignore_errors=True)  # the partial download's space
             raise
         raise hub_error(e, repo, revision, file) from None
     if os.path.getsize(path) != size:
@@ -539,7 +569,7 @@ def hub_error(e, repo, revision, filename=None):
 
 
 def parquet_columns(path, file, columns):
-    """`columns` of a downloaded parquet file as {column: list of values}, OWT_BATCH rows at a time."""
+    """`columns` of a downloaded parquet file as {column: values}, OWT_BATCH rows at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -558,7 +588,7 @@ def gigabytes(n):
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except ValueError as e:  # DataError and ConfigError: one line that says what to do, no traceback
+    except ValueError as e:  # DataError and ConfigError: one line that says what to do
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         sys.exit("interrupted: run the same command again to finish (finished files are kept)")
