@@ -41,8 +41,8 @@ import numpy as np
 from tqdm import tqdm
 
 from support.configurator import open_regular, refuse_unless_regular
-from support.dataloader import (DataError, ShardFile, find_shards, gpt2_encoding, load_meta,
-                                read_json, read_shard)
+from support.dataloader import (HEADER_BYTES, MAGIC, VERSION, DataError, find_shards, gpt2_encoding,
+                                load_meta, read_json, read_shard)
 from support.rundir import atomic_write
 
 DEFAULT_CORPUS = "pydocs"  # needs no download, so the README's main command works anywhere
@@ -55,7 +55,7 @@ OWT_REPO, OWT_REVISION = "Skylion007/openwebtext", "79d93d786212f7344586290adb81
 OWT_FILES = [f"plain_text/train-{i:05d}-of-00080.parquet" for i in range(80)]
 OWT_DOCUMENTS = 8_013_769  # in that revision
 OWT_TOKENS = 9.0e9  # nanoGPT's count of its GPT-2 tokens (~9.0B train, ~4.4M val): for the disk
-OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text): memory stays flat
+OWT_BATCH = 8192  # documents read and tokenised at a time (~40 MB of text)
 FINEWEB_REPO, FINEWEB_REVISION = "kjj0/fineweb10B-gpt2", "889765ea1f903759787add96995d81171b632d0c"
 FINEWEB_TRAIN_FILES = 103  # fineweb_train_000001.bin .. 000103.bin, 100M tokens each
 HELLASWAG_REPO, HELLASWAG_REVISION = "Rowan/hellaswag", "218ec52e09a7e7462a5400043bb9a69a41d06b76"
@@ -102,8 +102,8 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
                                 "--val_fraction")
             first = 0 if split == "val" else 1
             for i, at in enumerate(range(0, len(tokens), shard_size), first):
-                with ShardFile(os.path.join(staging, f"{name}_{split}_{i:06d}.bin")) as shard:
-                    shard.write(tokens[at:at + shard_size])
+                path = os.path.join(staging, f"{name}_{split}_{i:06d}.bin")
+                write_shard(path, tokens[at:at + shard_size])
             meta["tokens"][split] = len(tokens)
         # publish: the old meta.json goes first, the shards move in, the new meta.json comes last
         files = publish(staging, data_dir)
@@ -149,6 +149,18 @@ def encode_split(docs, meta, desc):
     # the vocabulary is sorted, so searchsorted finds each character's id
     vocab = np.frombuffer(meta["chars"].encode("utf-32-le"), dtype="<u4")
     return np.searchsorted(vocab, codepoints).astype(np.uint16)
+
+
+def write_shard(path, tokens):
+    """A shard: a header of 256 int32 [magic, version, number of tokens, 0, ...], then the tokens as
+    uint16 (vocab_size <= 2**16), written whole or not at all."""
+    header = np.zeros(HEADER_BYTES // 4, dtype="<i4")
+    header[:3] = MAGIC, VERSION, len(tokens)
+
+    def write(f):
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+    atomic_write(path, write)
 
 
 def encode_gpt2_document(text, enc):
@@ -262,17 +274,17 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
             if file in done:
                 continue
             path = hub_download(OWT_REPO, OWT_REVISION, file, sizes[file], staging)
-            docs = 0
-            with ShardFile(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin")) as train, \
-                    ShardFile(val_share(i)) as val:
-                for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
-                    # one batch at a time through map: imap over every document would queue the
-                    # whole file
-                    for tokens, in_val in pool.map(encode, texts, chunksize=64):
-                        (val if in_val else train).write(tokens)
-                    docs += len(texts)
-                    bar.update(len(texts))
-            done[file] = {"docs": docs, "train": train.count, "val": val.count}
+            split = {False: [], True: []}  # in val? -> the file's documents as tokens (~220 MB)
+            for texts in (batch["text"] for batch in parquet_columns(path, file, ["text"])):
+                # one batch at a time through map: imap over every document would queue the file
+                for tokens, in_val in pool.map(encode, texts, chunksize=64):
+                    split[in_val].append(tokens)
+                bar.update(len(texts))
+            docs = len(split[False]) + len(split[True])
+            train, val = (np.concatenate([np.empty(0, np.uint16), *split[k]]) for k in (False, True))
+            write_shard(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin"), train)
+            write_shard(val_share(i), val)
+            done[file] = {"docs": docs, "train": len(train), "val": len(val)}
             write_json(progress_path, progress)  # from here on this file counts as done
             os.remove(path)
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab,
@@ -282,9 +294,8 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
     if meta["tokens"]["val"] == 0:
         raise DataError(f"{name}: the val split is empty; raise --val_fraction")
     # the val shares, in file order, make the val shard
-    with ShardFile(os.path.join(data_dir, f"{name}_val_000000.bin")) as val:
-        for i in range(len(OWT_FILES)):
-            val.write(read_shard(val_share(i)))
+    val = np.concatenate([read_shard(val_share(i)) for i in range(len(OWT_FILES))])
+    write_shard(os.path.join(data_dir, f"{name}_val_000000.bin"), val)
     write_json(os.path.join(data_dir, "meta.json"), meta)
     shutil.rmtree(staging)
     print(f"{name}: {meta['documents']:,} documents, {meta['tokens']['train']:,} train / "

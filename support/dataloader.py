@@ -29,41 +29,7 @@ class DataError(ValueError):
 
 
 # -----------------------------------------------------------------------------
-# the shard format: the one definition that prepare_data.py writes and the loader reads
-
-class ShardFile:
-    """A shard written by appending token arrays, so that a large one never sits in memory:
-
-        with ShardFile(path) as shard:
-            shard.write(tokens)
-
-    It is path.tmp until a clean exit renames it (a failure removes it)."""
-
-    def __init__(self, path):
-        self.path, self.tmp, self.count = path, path + ".tmp", 0
-        self.file = open_regular(self.tmp, "wb")  # created anew: a link planted there is not used
-        self.file.write(bytes(HEADER_BYTES))  # a blank header: the count is known only at the end
-
-    def write(self, tokens):
-        self.file.write(np.asarray(tokens).astype("<u2").tobytes())  # vocab_size <= 2**16
-        self.count += len(tokens)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, error, *_):
-        try:
-            # a clean exit: the count goes into the header, then the shard gets its name
-            if error is None:
-                self.file.seek(0)  # the header's first three ints; the rest of it stays blank
-                self.file.write(np.array([MAGIC, VERSION, self.count], dtype="<i4").tobytes())
-                self.file.close()  # flushes: a full disk may only show here
-                os.replace(self.tmp, self.path)
-        finally:
-            self.file.close()
-            if os.path.exists(self.tmp):  # a failure, in the with block or here: no half shard
-                os.remove(self.tmp)
-
+# the shard format (see the top): prepare_data.write_shard writes it, read_shard reads it
 
 def read_shard(path, vocab_size=None):
     """Validate a shard and return its tokens as a read-only memmap (nothing is loaded into RAM)."""

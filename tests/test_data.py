@@ -121,53 +121,6 @@ def test_an_empty_shard_is_just_a_header_and_a_shorter_file_is_refused(tmp_path)
     one_line_error(excinfo)
 
 
-class CloseFails:
-    """A file whose buffered data only fails to reach the disk when it is closed (a full disk shows there); as
-    with a real file, it is closed all the same, and closing it again does nothing."""
-    def __init__(self, file):
-        self.file = file
-
-    def seek(self, offset):
-        self.file.seek(offset)
-
-    def write(self, data):
-        self.file.write(data)
-
-    def close(self):
-        if not self.file.closed:
-            self.file.close()
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-
-def test_shard_file_leaves_nothing_when_closing_fails(tmp_path):
-    path = str(tmp_path / "x_train_000001.bin")
-    with pytest.raises(OSError, match="No space left"):
-        with dl.ShardFile(path) as shard:
-            shard.write([1, 2, 3])
-            shard.file = CloseFails(shard.file)
-    assert os.listdir(tmp_path) == []  # neither the .tmp nor a shard under the real name
-
-
-class FullDisk:
-    """A file whose writes fail as on a full disk."""
-    def write(self, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def close(self):
-        pass
-
-
-def test_shard_file_leaves_nothing_when_a_write_fails(tmp_path):
-    path = str(tmp_path / "x_train_000001.bin")
-    with pytest.raises(OSError, match="No space left"):
-        with dl.ShardFile(path) as shard:
-            shard.write([1, 2, 3])
-            shard.file.close()
-            shard.file = FullDisk()
-            shard.write([4, 5])
-    assert os.listdir(tmp_path) == []
-
-
 # -----------------------------------------------------------------------------
 # corpora and tokenizers
 
@@ -418,12 +371,12 @@ def test_two_processes_preparing_pydocs_take_turns(tmp_path, capsys):
 
 
 def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch):
-    real_write = dl.ShardFile.write
+    real_open = rundir.open_regular  # atomic_write's
 
-    def write(shard, tokens):
-        real_write(shard, tokens)
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(dl.ShardFile, "write", write)
+    def open_regular(path, *args, **kwargs):  # the second shard finds the disk full
+        f = real_open(path, *args, **kwargs)
+        return FullDiskFile(f) if os.path.basename(path).startswith(".pydocs_train_") else f
+    monkeypatch.setattr(rundir, "open_regular", open_regular)
     with pytest.raises(DataError, match="no space left on device in .*run the same command again") as excinfo:
         pd.prepare("pydocs", out_dir=str(tmp_path))
     one_line_error(excinfo)
@@ -445,6 +398,26 @@ class FullDiskFile:
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
+class CloseFails(FullDiskFile):
+    """Its data only fails to reach the disk when it is closed (a full disk may show there)."""
+    def write(self, data):
+        self.file.write(data)
+
+    def __exit__(self, *error):
+        self.file.close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("kind", [FullDiskFile, CloseFails])
+def test_a_shard_on_a_full_disk_leaves_nothing_and_says_so(tmp_path, monkeypatch, kind):
+    real_open = rundir.open_regular
+    monkeypatch.setattr(rundir, "open_regular", lambda path, *a, **k: kind(real_open(path, *a, **k)))
+    with pytest.raises(OSError, match="No space left") as excinfo:
+        pd.write_shard(str(tmp_path / "x_train_000001.bin"), [1, 2, 3])
+    assert excinfo.value.errno == errno.ENOSPC  # what prepare_data.py's full-disk line is told by
+    assert os.listdir(tmp_path) == []  # neither a temporary nor a shard under the real name
+
+
 def test_disk_full_while_meta_json_is_written_leaves_no_tmp(tmp_path, monkeypatch):
     """The line says the unfinished file was removed: meta.json's too, the last file a preparation writes."""
     real_open = rundir.open_regular  # atomic_write's
@@ -463,9 +436,9 @@ def test_disk_full_while_meta_json_is_written_leaves_no_tmp(tmp_path, monkeypatc
      "^Permission denied: /somewhere/x.bin$"),
     (OSError(errno.EIO, "Input/output error"), "^Input/output error: {out}$")])  # no file named: the out_dir
 def test_other_file_system_errors_are_one_line(tmp_path, monkeypatch, error, message):
-    def write(shard, tokens):
+    def write_shard(path, tokens):
         raise error
-    monkeypatch.setattr(dl.ShardFile, "write", write)
+    monkeypatch.setattr(pd, "write_shard", write_shard)
     with pytest.raises(DataError, match=message.format(out=re.escape(str(tmp_path)))):
         pd.prepare("text", input=__file__, name="t", out_dir=str(tmp_path))
     assert os.listdir(tmp_path) == [".t.lock"]
