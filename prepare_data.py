@@ -364,9 +364,7 @@ def prepare_hellaswag(out_dir="data"):
     examples = []
     for batch in parquet_columns(download, HELLASWAG_FILE, ["ctx", "endings", "label"]):
         for ctx, endings, label in zip(batch["ctx"], batch["endings"], batch["label"]):
-            # the label: a string in the hub's parquet, an int in the original jsonl
-            label = int(label) if str(label).isdigit() else label
-            example = {"ctx": ctx, "endings": endings, "label": label}
+            example = {"ctx": ctx, "endings": endings, "label": int(label)}  # "0".."3" in the parquet
             examples.append(json.dumps(example) + "\n")
     os.makedirs(data_dir, exist_ok=True)
     atomic_write(path, lambda f: f.write("".join(examples).encode("utf-8")))  # whole or not at all
