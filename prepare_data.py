@@ -76,6 +76,7 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     train, val = split_documents(docs, val_fraction)
     chars = [sum(map(len, split)) for split in (train, val)]
     print(f"{name}: {len(docs):,} documents, {chars[0]:,} train / {chars[1]:,} val characters")
+    # pydocs: 79 documents, 418,473 train / 46,497 val characters
     # the vocabulary: the corpus's characters (char), the 256 bytes, or GPT-2's 50,257 BPE tokens
     meta = {"name": name, "tokenizer": tokenizer, "tokens": {}}
     if tokenizer == "char":
@@ -113,6 +114,8 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     counts = ", ".join(f"{n:,} {split} tokens" for split, n in meta["tokens"].items())
     print(f"{name}: {counts}; vocabulary {meta['tokenizer']} with {meta['vocab_size']:,} symbols")
     print(f"wrote {len(files)} shards + meta.json to {data_dir} in {time.time() - start:.1f}s")
+    # pydocs: 46,513 val tokens, 418,613 train tokens; vocabulary char with 103 symbols
+    # wrote 2 shards + meta.json to data/pydocs in 0.1s
     return data_dir
 
 
