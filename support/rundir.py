@@ -105,7 +105,9 @@ def atomic_write(path, write):
             raise
         kept = "the previous one is intact" if os.path.isfile(path) else "nothing was written"
         reason = e.strerror if isinstance(e, OSError) and e.strerror else why(e)
-        raise OSError(f"{reason} while writing {path}; {kept}") from None
+        error = OSError(f"{reason} while writing {path}; {kept}")
+        error.errno = getattr(e, "errno", None)  # ENOSPC stays ENOSPC: the caller's full-disk line needs it
+        raise error from None
 
 
 def is_run_file(name):

@@ -18,7 +18,6 @@ import tiktoken
 import prepare_data as pd
 import train
 from support import settings
-from support.dataloader import ShardFile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py and the scripts are
 # a model small enough that a few iterations take about a second on one CPU core
@@ -53,8 +52,7 @@ def read_log(out_dir, event=None):
 
 def write_shard(path, tokens):
     """One shard holding tokens, as prepare_data.py writes shards."""
-    with ShardFile(path) as shard:
-        shard.write(tokens)
+    pd.write_shard(path, tokens)
 
 
 def char_dataset(name, chars, n=3000):
