@@ -246,9 +246,32 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT of train.py's checkpoint dict, with the caller's dropout, impl; one line if unfit."""
-        from support.rundir import checked_model  # lazy: the checks of a checkpoint live with its loader
-        return checked_model(cls, GPTConfig, ckpt, changes)
+        """The GPT of train.py's checkpoint dict, with the caller's changes (dropout, impl). A file from
+        another version, or edited, is one ValueError line, and never builds more model than it holds."""
+        try:
+            config = GPTConfig(**{**ckpt["model_args"], **changes})  # TypeError: a setting we do not know
+            check_sizes(config, ckpt["model"])  # before the model is built: a file may claim far more
+            model = cls(config)
+            model.load_state_dict(ckpt["model"])  # RuntimeError: a name or a shape we do not know
+        except (TypeError, RuntimeError) as e:
+            message = " ".join(str(e).split())  # load_state_dict says what is missing, a line each
+            raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: "
+                             f"{message[:300]}); it comes from another version or was edited") from None
+        return model
+
+
+def check_sizes(config, weights):
+    """The sizes config claims against the shapes of a checkpoint's weights, without building anything:
+    the embeddings give vocab_size, block_size and n_embd, the blocks' names n_layer."""
+    claimed = {"transformer.wte.weight": (config.vocab_size, config.n_embd),
+               "transformer.wpe.weight": (config.block_size, config.n_embd),
+               "n_layer blocks": config.n_layer}
+    held = {k: tuple(weights[k].shape) for k in claimed if k in weights}
+    held["n_layer blocks"] = len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")})
+    wrong = [k for k in claimed if held.get(k) != claimed[k]]
+    if wrong:
+        k = wrong[0]
+        raise RuntimeError(f"model_args give {k} {claimed[k]}, its weights {held.get(k, 'none')}")
 
 
 def check_config(config):

@@ -104,13 +104,9 @@ class Laplacian(HeadOperator):
             raise ValueError(f"laplacian_heads={n!r} is not allowed: "
                              f"give an integer in 0..n_head={n_head}, or None for half")
 
-    @staticmethod
-    def meaning(n_head, key, value):  # what a control's value means (an op whose None stands for something)
-        return n_head // 2 if value is None else value  # laplacian_heads=None: half the heads
-
     def __init__(self, n_head, laplacian_heads):
         super().__init__(n_head)
-        n = self.meaning(n_head, "laplacian_heads", laplacian_heads)
+        n = n_head // 2 if laplacian_heads is None else laplacian_heads
         is_lap = (torch.arange(n_head) >= n_head - n).float()
         self.register_buffer("a", is_lap, persistent=False)
         self.register_buffer("b", 1.0 - 2.0 * is_lap, persistent=False)

@@ -12,7 +12,6 @@ one. A run directory may come from someone else: nothing here follows a symbolic
 device, and a checkpoint is checked against the model before use.
 """
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -205,38 +204,12 @@ def load_checkpoint(path):
         counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
         raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
                           "it was edited")
-    weights = ckpt["model"].items()  # checked_model checks their names and shapes
+    weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
     not_finite = [k for k, t in weights if isinstance(t, torch.Tensor) and not torch.isfinite(t).all()]
     if not_finite:
         raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
                           "use an earlier checkpoint of the run")
     return ckpt
-
-
-def checked_model(GPT, GPTConfig, ckpt, changes):
-    """model.py's GPT that a loaded checkpoint holds: its model_args but changes (the caller's own settings),
-    its weights loaded strictly; what does not fit this code is one ValueError line."""
-    saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
-    try:
-        config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
-    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
-        raise ValueError(unfit(e)) from None
-    config = dataclasses.replace(config, **changes)  # a bad change gets GPTConfig's line: it is the caller's
-    try:
-        for device in ("meta", "cpu"):  # every name and shape first, in no memory: a file may claim more
-            with torch.device(device):
-                model = GPT(config)
-            model.load_state_dict({k: t.to(device) if isinstance(t, torch.Tensor) else t
-                                   for k, t in ckpt["model"].items()}, strict=True)
-    except RuntimeError as e:
-        raise ValueError(unfit(e)) from None
-    return model
-
-
-def unfit(e):
-    message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
-    return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
-            "another version or was edited")
 
 
 def few(names):

@@ -43,8 +43,7 @@ def work_out(args, given, defaults):
         ckpt = load_checkpoint(path)
         model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
         fixed = {k: v for k, v in model.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
-        if isinstance(model.get("controls"), dict):  # else the file is damaged: GPT.from_checkpoint says so
-            fixed.update(model["controls"])
+        fixed.update(model["controls"])
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
         if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
@@ -89,10 +88,8 @@ def work_out(args, given, defaults):
 
 
 def means(fixed, k, value):
-    """A model setting's value as the model fixed describes reads it: an op control's None resolved."""
-    Op = OPS.get(fixed["op"]) if isinstance(fixed.get("op"), str) else None  # else from_checkpoint refuses
-    meaning = getattr(Op, "meaning", None)  # an op's own, where a control's None stands for something
-    return meaning(fixed.get("n_head"), k, value) if meaning and k in Op.controls else value
+    """A model setting as the model reads it: laplacian_heads=None is half the heads (operators.py)."""
+    return fixed["n_head"] // 2 if k == "laplacian_heads" and value is None else value
 
 
 def check_gpt2_tokens(init_from, dataset, meta):
