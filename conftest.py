@@ -8,18 +8,15 @@
 """
 import importlib.util
 import os
-import re
 
 import numpy as np
 import pytest
 import torch
 
+from support.configurator import version
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def version(v):
-    return tuple(int(n) for n in re.findall(r"\d+", v)[:2])  # "2.6.0+cu124" -> (2, 6)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import io
 import math
 import numbers
 import os
+import re
 import stat
 import sys
 import tokenize
@@ -27,9 +28,15 @@ class ConfigError(ValueError):
     """A bad setting, explained in one line that says what to do."""
 
 
-def require_torch(version):  # one line, not a traceback from inside torch
-    if tuple(int(n) for n in version.split(".")[:2]) < (2, 6):
-        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: pip install -U torch")
+def version(text):
+    """(major, minor) of a version string: "2.6.0+cu124" -> (2, 6)."""
+    return tuple(int(n) for n in re.findall(r"\d+", text)[:2])
+
+
+def require_torch(torch_version):  # one line, not a traceback from inside torch
+    if version(torch_version) < (2, 6):
+        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {torch_version}: "
+                          "pip install -U torch")
 
 
 def why(e):
