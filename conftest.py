@@ -1,9 +1,11 @@
 """pytest set-up shared by every test file.
 
-- Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set before
+- Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set
+before
   triton is imported (and so before kernel.py defines its kernels). A test that runs the fused kernel takes
   the fixture `kernel_device`: "cuda" on a GPU machine, else "cpu" (the interpreter), or it skips saying why.
-- `python -m pytest -q` runs the fast spec; `--slow` adds the tests marked slow (DDP, kill -9, the hostile
+- `python -m pytest -q` runs the fast spec; `--slow` adds the tests marked slow (DDP, kill -9, the
+hostile
   batteries, the interpreter's kernel sweeps: the whole suite).
 """
 import importlib.util
@@ -21,8 +23,8 @@ if not torch.cuda.is_available():
 
 @pytest.fixture
 def kernel_device():
-    """Where a test runs the fused kernel (its --device): the GPU, or a CPU in the Triton interpreter. Where
-    the kernel cannot run here, the test skips and says what is missing."""
+    """Where a test runs the fused kernel (its --device): the GPU, or a CPU in the Triton
+    interpreter. Where the kernel cannot run here, the test skips and says what is missing."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("the fused kernel needs triton, which is not installed (Linux only)")
     pytest.importorskip("kernel", exc_type=ImportError)  # kernel.py says which torch it needs

@@ -1,7 +1,7 @@
 """
-Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared with (the
-checkpoint carries the dataset's meta.json, so this works from any directory), or from OpenAI's GPT-2 weights
-with any op, decoding with tiktoken's GPT-2 BPE.
+Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared
+with (the checkpoint carries the dataset's meta.json, so this works from any directory), or from
+OpenAI's GPT-2 weights with any op, decoding with tiktoken's GPT-2 BPE.
 
     python sample.py --out_dir=out/demo --start="The " --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out/demo --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
@@ -36,7 +36,8 @@ DEFAULTS = dict(
 
 
 def temperature_rule(key, value):
-    """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to NaN."""
+    """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to
+    NaN."""
     return requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001")(key, value)
 
 

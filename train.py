@@ -8,8 +8,9 @@ Any setting can be overridden on the command line, after the config file (--help
 DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: see the README):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
-A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in train()), which
---init_from=resume continues (save_every keeps ckpt_NNNNNN.pt copies). Each check is one call into support/.
+A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in
+train()), which --init_from=resume continues (save_every keeps ckpt_NNNNNN.pt copies). Each check is
+one call into support/.
 """
 import math
 import sys
@@ -47,7 +48,8 @@ dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is
 gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
 batch_size = 12  # sequences per process and micro-step
 block_size = 1024  # the context length T, in tokens
-# model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too: operators.py)
+# model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too:
+# operators.py)
 n_layer = 12  # transformer blocks
 n_head = 12  # heads per block
 n_embd = 768  # the width C; each head has C / n_head dimensions
@@ -79,8 +81,9 @@ DEFAULTS = {k: v for k, v in globals().items()
 
 
 def parse_config(argv):
-    """(cfg, given): train.py's settings and every op's controls (an op may be registered after this import),
-    after config files and --key=value, checked by support/settings.py's rules; given: the keys set."""
+    """(cfg, given): train.py's settings and every op's controls (an op may be registered after this
+    import), after config files and --key=value, checked by support/settings.py's rules; given: the
+    keys set."""
     help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
     return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
 
@@ -99,7 +102,8 @@ def get_lr(it, cfg):
 
 
 def corridor_summary(gamma, delta):
-    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0); per-layer mean γ, δ."""
+    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0); per-layer mean γ,
+    δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
     means = enumerate(zip(gamma.mean(1), delta.mean(1)))
     layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in means)
@@ -107,8 +111,9 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, model_args, meta, ckpt):
-    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its settings but
-    dropout and impl, which model_args sets), or GPT-2's weights with the heads of model_args' op."""
+    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its
+    settings but dropout and impl, which model_args sets), or GPT-2's weights with the heads of
+    model_args' op."""
     if ckpt is None and cfg.init_from == "scratch":
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's: a multiple of 64
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
@@ -116,7 +121,8 @@ def build_model(cfg, model_args, meta, ckpt):
         model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
         settings.check_same_data(ckpt, meta, cfg.dataset)
         return model
-    settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)  # GPT-2 weights, heads of the chosen op
+    # GPT-2 weights, heads of the chosen op
+    settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
     model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
                                 dropout=model_args["dropout"], impl=model_args["impl"])
     if model_args["block_size"] < model.config.block_size:
@@ -125,10 +131,11 @@ def build_model(cfg, model_args, meta, ckpt):
 
 
 class Evaluation:
-    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val set (the
-    same tokens on every machine, for every seed, batch size and process count: dataloader.ValSet), in nats
-    per token and in bits per byte (which compares tokenizers); the train loss over the same eval_iters
-    sampled batches every time; HellaSwag's acc_norm when due; every head's (γ, δ)."""
+    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val
+    set (the same tokens on every machine, for every seed, batch size and process count:
+    dataloader.ValSet), in nats per token and in bits per byte (which compares tokenizers); the
+    train loss over the same eval_iters sampled batches every time; HellaSwag's acc_norm when due;
+    every head's (γ, δ)."""
 
     def __init__(self, cfg, run, data_dir, meta, vocab_size):
         self.cfg, self.run = cfg, run
@@ -188,7 +195,8 @@ class Evaluation:
 
 
 def log_train(run, **record):
-    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...)."""
+    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter,
+    ...)."""
     line = ("iter {iter}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}, "
             "{ms_per_iter:.1f} ms/iter, {tokens_per_s:,.0f} tok/s").format(**record)
     if record["mfu"]:
@@ -198,8 +206,9 @@ def log_train(run, **record):
 
 
 def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
-    """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed), the
-    device, the tokens per iteration and the model's size; and the val loss of unigram frequencies."""
+    """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed),
+    the device, the tokens per iteration and the model's size; and the val loss of unigram
+    frequencies."""
     counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
     if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
         run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
@@ -213,8 +222,9 @@ def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
 
 
 def finish(run, model, out_dir, iter_num, best_val_loss):
-    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's last
-    record, and out_dir unlocked, by the process that writes them; then each DDP process waits for all."""
+    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's
+    last record, and out_dir unlocked, by the process that writes them; then each DDP process waits
+    for all."""
     gamma, delta = model.gamma_delta()
     torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
     run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
@@ -222,12 +232,13 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
     if run.writes:
         run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
         rundir.unlock_run_dir(out_dir)
-    if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+    # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+    if run.ddp:
         torch.distributed.barrier()
 
 
 def train(cfg, ckpt, changed):
-    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir ----
+    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, ou
     model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
                       bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
                       controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # the op's (operators.py)
@@ -240,21 +251,25 @@ def train(cfg, ckpt, changed):
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
-    if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
+    # the fused kernel, checked against float64 on this device before any step
+    if cfg.impl == "triton":
         run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
                                model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
-    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the loop's counters
-    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # out_dir: lock, log
+    # the loop's counters
+    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)
+    # out_dir: lock, log
+    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)
     first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
-    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)  # torch.compile, DDP, a warm-up step
+    # torch.compile, DDP, a warm-up step
+    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
     peak = peak_flops(run.dev)  # the GPU's FLOP/s, for the MFU (None on CPUs)
 
-    # --- the training loop ----------------------------------------------------------------------------------
+    # --- the training loop ------------------------------------------------------------------------
     t0, timed_from = time.time(), iter_num  # the clock, and the iteration it started at
     while True:
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
@@ -268,14 +283,16 @@ def train(cfg, ckpt, changed):
                               "model_args": asdict(raw_model.config), "iter_num": iter_num,
                               "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
                               "loader": train_loader.state_dict(), "meta": meta}
-                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # ckpt.pt if so; ckpt_NNNNNN.pt if due
+                # ckpt.pt if so; ckpt_NNNNNN.pt if due
+                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)
             t0, timed_from = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:  # the operators' scalars: lr × op_lr_scale
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
+        # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted
+        # one would
         torch.manual_seed(cfg.seed + 1000003 * iter_num + run.rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
@@ -287,8 +304,10 @@ def train(cfg, ckpt, changed):
                 loss = loss / grad_accum  # the mean over micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
-        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure, never clip)
+        # the true gradients (fp16's scaler multiplies them), to measure and clip
+        scaler.unscale_(optimizer)
+        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure,
+        # never clip)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         scaler.step(optimizer)
         scaler.update()
@@ -304,7 +323,8 @@ def train(cfg, ckpt, changed):
                       mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
             t0, timed_from = time.time(), iter_num
 
-    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # the heads' final γ and δ; the log's end
+    # the heads' final γ and δ; the log's end
+    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)
     return raw_model
 
 
@@ -314,10 +334,12 @@ def main(argv=None):
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
         args, given = parse_config(sys.argv[1:] if argv is None else argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
-    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # our checks, kernel.py's torch, I/O
+    # our checks, kernel.py's torch, I/O
+    except (ValueError, ImportError, FloatingPointError, OSError) as e:
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
-        sys.exit(rundir.interrupted(args))  # says how to go on: resume from the checkpoint, or run it again
+        # says how to go on: resume from the checkpoint, or run it again
+        sys.exit(rundir.interrupted(args))
     finally:
         rundir.unlock_run_dirs()  # however the run ended: out_dir is free again
         end_process()  # the DDP group goes at every exit, error or not

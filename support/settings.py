@@ -1,7 +1,7 @@
 """
-train.py's settings beyond their defaults: each value's rule, and work_out: what a resumed run keeps from its
-checkpoint, the model settings a checkpoint or GPT-2 fixes, the settings that only make sense together. The
-model's own settings (train.py's model_args) are checked by GPTConfig.
+train.py's settings beyond their defaults: each value's rule, and work_out: what a resumed run keeps
+from its checkpoint, the model settings a checkpoint or GPT-2 fixes, the settings that only make
+sense together. The model's own settings (train.py's model_args) are checked by GPTConfig.
 """
 import importlib.util
 import os
@@ -32,9 +32,10 @@ RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_
 
 
 def work_out(args, given, defaults):
-    """(cfg, ckpt, changed): the settings that run, worked out once before any device or data is touched, from
-    args as given (given: the keys set). A run of out_dir's checkpoint keeps its settings but those given
-    (changed: {key: old value}); a checkpoint or GPT-2 fixes the model. The writer locks out_dir first."""
+    """(cfg, ckpt, changed): the settings that run, worked out once before any device or data is
+    touched, from args as given (given: the keys set). A run of out_dir's checkpoint keeps its
+    settings but those given (changed: {key: old value}); a checkpoint or GPT-2 fixes the model. The
+    writer locks out_dir first."""
     ckpt, kept, changed, fixed = None, {}, {}, {}
     if args.init_from == "resume" or (args.eval_only and args.init_from == "scratch"):
         path = os.path.join(args.out_dir, "ckpt.pt")
@@ -46,7 +47,8 @@ def work_out(args, given, defaults):
         fixed.update(model["controls"])
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
-        if saved.get("impl") == "auto" and "impl" not in given:  # impl='auto' is gone: SDPA is the default
+        # impl='auto' is gone: SDPA is the default
+        if saved.get("impl") == "auto" and "impl" not in given:
             saved["impl"] = "sdpa"
             changed["impl"] = "auto"
         rules = {**RULES, "init_from": nonempty}  # the folder it was fine-tuned from may have moved since
@@ -60,7 +62,8 @@ def work_out(args, given, defaults):
                               "raise --max_iters to train on")
     elif args.init_from != "scratch":
         kept = fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}  # GPT-2's settings run
-        fixed["block_size"] = min(args.block_size, fixed["block_size"])  # a shorter context: its wpe cut
+        # a shorter context: its wpe cut
+        fixed["block_size"] = min(args.block_size, fixed["block_size"])
     for k in sorted(given & {*fixed, *all_controls()}):
         if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
             raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
@@ -75,7 +78,8 @@ def work_out(args, given, defaults):
                               "its model is fixed, drop that setting")
     cfg = SimpleNamespace(**{**vars(args), **kept})
     world_size = ddp_env()[2]  # settings that only make sense together, with the number of DDP processes too
-    if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:  # evaluation accumulates nothing
+    # evaluation accumulates nothing
+    if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:
         raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
                           f"of the number of processes ({world_size})")
     for k in ("hellaswag_interval", "save_every"):
@@ -88,7 +92,8 @@ def work_out(args, given, defaults):
 
 
 def means(fixed, k, value):
-    """A model setting as the model reads it: laplacian_heads=None is half the heads (operators.py)."""
+    """A model setting as the model reads it: laplacian_heads=None is half the heads
+    (operators.py)."""
     return fixed["n_head"] // 2 if k == "laplacian_heads" and value is None else value
 
 
@@ -104,7 +109,8 @@ def check_same_data(ckpt, meta, dataset):
     if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
         trained_on = ckpt["config"].get("dataset")
         fix = f"use --dataset={trained_on}"
-        if trained_on in (None, dataset):  # the same name, prepared again since (with another vocabulary)
+        # the same name, prepared again since (with another vocabulary)
+        if trained_on in (None, dataset):
             fix = "prepare it again as it was when the run began, or start a new run in another --out_dir"
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); {fix}")
