@@ -2,8 +2,9 @@
 
 - Triton kernels run under the CPU interpreter when there is no GPU: TRITON_INTERPRET must be set
 before
-  triton is imported (and so before kernel.py defines its kernels). A test that runs the fused kernel takes
-  the fixture `kernel_device`: "cuda" on a GPU machine, else "cpu" (the interpreter), or it skips saying why.
+  triton is imported (and so before kernel.py defines its kernels). A test that runs the fused
+  kernel takes the fixture `kernel_device`: "cuda" on a GPU machine, else "cpu" (the interpreter),
+  or it skips saying why.
 - `python -m pytest -q` runs the fast spec; `--slow` adds the tests marked slow (DDP, kill -9, the
 hostile
   batteries, the interpreter's kernel sweeps: the whole suite).
@@ -32,7 +33,8 @@ def kernel_device():
     if torch.cuda.is_available():
         return "cuda"
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the fused kernel on a CPU needs TRITON_INTERPRET=1, set before triton is imported")
+        pytest.skip("the fused kernel on a CPU needs TRITON_INTERPRET=1, set before triton is "
+                    "imported")
     if version(triton.__version__) < (3, 7) and version(np.__version__) >= (2, 4):
         pytest.skip(f"the Triton interpreter of triton {triton.__version__} fails under numpy "
                     f"{np.__version__} (only 0-dimensional arrays can be converted): numpy < 2.4 or "
@@ -41,7 +43,8 @@ def kernel_device():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slow", action="store_true", help="also run the slow tests (the whole suite)")
+    parser.addoption("--slow", action="store_true",
+                     help="also run the slow tests (the whole suite)")
 
 
 def pytest_configure(config):

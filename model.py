@@ -32,9 +32,9 @@ class GPTConfig:
     dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
-    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset: defaults
-    impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton (kernel.py)
-    gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
+    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls) but defaults
+    impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton
+    gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
     def __post_init__(self):
         check_config(vars(self))  # below GPT: a ValueError names the setting and what is allowed
@@ -72,12 +72,17 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         if cache is None:
             y = self.heads(q, k, v)  # (B, nh, T, hs)
-        else:  # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every key)
-            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k  # (B, nh, t, hs) every key so far
+        # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every
+        # key)
+        else:
+            # (B, nh, t, hs) every key so far
+            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k
             V = torch.cat((cache["v"], v), dim=2) if "v" in cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
-            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own v only
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
+            # a·v: x's own v only
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))
+        # re-assemble all head outputs side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def heads(self, q, k, v):
@@ -89,7 +94,8 @@ class CausalSelfAttention(nn.Module):
             return self.kernel(q, k, v, *self.op.coefficients())
         if self.impl == "materialized":  # the T×T operator itself: for teaching and tests
             return operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
+        # P·V, flash
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return self.op(v, y)  # (a·I + b·P)·V: the one new line
 
 
@@ -157,12 +163,14 @@ class GPT(nn.Module):
         per layer, all empty (idx is the prompt) or all holding the keys and values of the positions
         before idx."""
         B, T = idx.size()
-        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0  # idx: after the cached positions
+        # idx: after the cached positions
+        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
         pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
@@ -269,31 +277,27 @@ class GPT(nn.Module):
         """The GPT of train.py's checkpoint dict, with the caller's changes (dropout, impl). A file
         from another version, or edited, is one ValueError line, and never builds more model than it
         holds."""
-        try:
-            config = GPTConfig(**{**ckpt["model_args"], **changes})  # TypeError: a setting we do not know
-            # before the model is built: a file may claim far more
-            check_sizes(config, ckpt["model"])
+        try:  # TypeError: a setting we do not know; RuntimeError: a weight's name or shape
+            config = GPTConfig(**{**ckpt["model_args"], **changes})
+            check_sizes(config, ckpt["model"])  # before the model is built: a file may claim more
             model = cls(config)
-            model.load_state_dict(ckpt["model"])  # RuntimeError: a name or a shape we do not know
+            model.load_state_dict(ckpt["model"])
         except (TypeError, RuntimeError) as e:
-            message = " ".join(str(e).split())  # load_state_dict says what is missing, a line each
-            raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: "
-                             f"{message[:300]}); it comes from another version or was edited") from None
+            message = " ".join(str(e).split())[:300]  # load_state_dict's: a line per misfit
+            raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: {message}); "
+                             "it comes from another version or was edited") from None
         return model
 
 
 def check_sizes(config, weights):
     """The sizes config claims against the shapes of a checkpoint's weights, without building
     anything: the embeddings give vocab_size, block_size and n_embd, the blocks' names n_layer."""
-    claimed = {"transformer.wte.weight": (config.vocab_size, config.n_embd),
-               "transformer.wpe.weight": (config.block_size, config.n_embd),
-               "n_layer blocks": config.n_layer}
-    held = {k: tuple(weights[k].shape) for k in claimed if k in weights}
-    held["n_layer blocks"] = len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")})
-    wrong = [k for k in claimed if held.get(k) != claimed[k]]
-    if wrong:
-        k = wrong[0]
-        raise RuntimeError(f"model_args give {k} {claimed[k]}, its weights {held.get(k, 'none')}")
+    embeddings = ("transformer.wte.weight", "transformer.wpe.weight")
+    held = [tuple(weights[k].shape) if k in weights else None for k in embeddings]
+    held.append(len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")}))
+    claimed = [(config.vocab_size, config.n_embd), (config.block_size, config.n_embd), config.n_layer]
+    if held != claimed:  # (vocab_size, n_embd), (block_size, n_embd), n_layer
+        raise RuntimeError(f"model_args give wte, wpe, blocks {claimed}, its weights {held}")
 
 
 def check_config(config):
@@ -302,7 +306,8 @@ def check_config(config):
     allowed."""
     def bad(key, allowed):
         raise ValueError(f"{key}={config[key]!r} is not allowed: {allowed}")
-    for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
+    allowed = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
+    for key, choices in allowed.items():
         if config[key] not in choices:
             bad(key, f"choose one of {', '.join(choices)}")
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -329,8 +334,8 @@ def check_config(config):
         if key not in Op.controls:
             raise ValueError(f"{key} is not a control of op={config['op']!r} (its controls: "
                              f"{', '.join(Op.controls) or 'none'}); drop it or change op")
-        if type(Op.controls[key]) is float and not (type(value) in (int, float) and math.isfinite(value)):
-            # as its default
+        finite = type(value) in (int, float) and math.isfinite(value)
+        if type(Op.controls[key]) is float and not finite:
             raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")
         if type(Op.controls[key]) is bool and type(value) is not bool:
             raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")

@@ -25,7 +25,8 @@ from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
 from support.configurator import configure, require_torch
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import compiled_wrapped_warmed, end_process, exit_status, peak_flops, start_process
+from support.hardware import (compiled_wrapped_warmed, end_process, exit_status, peak_flops,
+                              start_process)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -34,18 +35,18 @@ out_dir = "out/run"  # the run directory: config.json, log.jsonl, ckpt.pt
 eval_interval = 250  # evaluate (and checkpoint) every this many iterations
 log_interval = 10  # print and log the training loss every this many iterations
 eval_iters = 20  # batches of the train split's loss estimate (the val loss reads val_tokens, below)
-val_tokens = 10_485_760  # the val loss: the first val_tokens tokens of the val split (modded-nanogpt's count)
-hellaswag_interval = 0  # score HellaSwag every this many iters (a multiple of eval_interval; 0 = never)
-eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print losses, write nothing
+val_tokens = 10_485_760  # the val loss reads the val split's first val_tokens (modded-nanogpt's)
+hellaswag_interval = 0  # score HellaSwag every this many iters (times eval_interval; 0: never)
+eval_only = False  # evaluate the checkpoint (or init_from's model) once, print, write nothing
 always_save_checkpoint = True  # checkpoint at every evaluation; False: only when val loss improves
-save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (a multiple of eval_interval; 0 = never)
-init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
+save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (times eval_interval; 0: never)
+init_from = "scratch"  # scratch, resume (out_dir/ckpt.pt), gpt2..gpt2-xl or a local GPT-2 folder
 wandb_log = False  # also log to Weights & Biases (needs the wandb package)
 wandb_project = "nanocorridor"  # its project
 wandb_run_name = "run"  # its run name
 # data
-dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
-gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
+dataset = "pydocs"  # a folder in data/ made by prepare_data.py (pydocs is prepared on the fly)
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, shared by the DDP processes
 batch_size = 12  # sequences per process and micro-step
 block_size = 1024  # the context length T, in tokens
 # model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too:
@@ -71,8 +72,8 @@ lr_decay_iters = None  # cosine decay to min_lr over this many steps; None: max_
 min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
-device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1' (torchrun: cuda, each process its own)
-dtype = "auto"  # auto: bfloat16 on sm_80+ GPUs, else float16 (with a grad scaler) on GPUs; float32 on CPU
+device = "auto"  # auto: cuda > mps > cpu; or cpu, cuda:1... (torchrun: cuda, one GPU per process)
+dtype = "auto"  # auto: bfloat16 on sm_80+ GPUs, else float16 (grad scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 DEFAULTS = {k: v for k, v in globals().items()
@@ -115,7 +116,8 @@ def build_model(cfg, model_args, meta, ckpt):
     settings but dropout and impl, which model_args sets), or GPT-2's weights with the heads of
     model_args' op."""
     if ckpt is None and cfg.init_from == "scratch":
-        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's: a multiple of 64
+        # GPT-2's: a multiple of 64
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
     if ckpt is not None:
         model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
@@ -239,15 +241,19 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
 
 def train(cfg, ckpt, changed):
     # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, ou
-    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
+    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                      block_size=cfg.block_size,
                       bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
                       controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # the op's (operators.py)
     check_config(model_args)  # GPTConfig's checks, before any file or device is touched
-    run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
-    data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the other processes waiting
+    # this process: its rank, device, dtype and autocast context; DDP; the seed
+    run = start_process(cfg)
+    # prepared once, the other processes waiting
+    data_dir = run.master_first(ensure_prepared, cfg.dataset)
     meta = load_meta(data_dir)
     model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
-    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
+    # micro-steps of this process
+    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            cfg.op_lr_scale)
@@ -261,7 +267,8 @@ def train(cfg, ckpt, changed):
     iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)
     # out_dir: lock, log
     rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)
-    first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
+    # where this run starts: a resumed run was evaluated there before it stopped
+    first_iter = iter_num
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
     # torch.compile, DDP, a warm-up step
@@ -315,7 +322,8 @@ def train(cfg, ckpt, changed):
         optimizer.zero_grad(set_to_none=True)
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration since the last line
+            # seconds per iteration since the last line
+            dt = (time.time() - t0) / (iter_num - timed_from)
             mean_loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
             rundir.stop_if_not_finite("the training loss", mean_loss, iter_num, cfg.out_dir)
             log_train(run, iter=iter_num, tokens=tokens, loss=mean_loss, lr=lr, grad_norm=grad_norm.item(),

@@ -81,7 +81,8 @@ def open_regular(path, mode="rb", encoding=None):
     try:
         fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
     except OSError as e:
-        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
+        # a link, a folder
+        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
         if e.errno in refused and os.path.lexists(path):
             raise not_regular(path, os.lstat(path).st_mode) from None
         raise
@@ -179,7 +180,9 @@ def check(key, value, defaults, rules):
 
 
 def parse_value(text, default):
-    try:  # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a name
+    # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a
+    # name
+    try:
         return text if isinstance(default, str) else literal_eval(text)
     except (SyntaxError, ValueError, TypeError):
         return text  # a bare word, or not a value: {[1]: 2}

@@ -17,17 +17,19 @@ from support.rundir import claim_run_dir, load_checkpoint
 RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
 
 
-init_from_rule = requires(lambda value: value in ("scratch", "resume", *PRETRAINED) or os.path.isdir(value),
-                          f"use scratch, resume, {', '.join(PRETRAINED)} or a local directory saved with "
-                          "transformers' save_pretrained")
+init_from_rule = requires(lambda v: v in ("scratch", "resume", *PRETRAINED) or os.path.isdir(v),
+                          f"use scratch, resume, {', '.join(PRETRAINED)} or a local directory "
+                          "saved with transformers' save_pretrained")
 RULES = dict(eval_interval=at_least(1), log_interval=at_least(1), eval_iters=at_least(1),
-             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0), out_dir=nonempty,
-             init_from=init_from_rule, dataset=nonempty, gradient_accumulation_steps=at_least(1),
-             batch_size=at_least(1), learning_rate=at_least(0.0), max_iters=at_least(1),
-             weight_decay=at_least(0.0), beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0),
-             grad_clip=at_least(0.0), warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)),
-             min_lr=at_least(0.0), op_lr_scale=at_least(0.0), device=device_rule, compile=optional(bool),
-             seed=SEED, dtype=one_of("auto", "float32", "bfloat16", "float16"),
+             val_tokens=at_least(1), hellaswag_interval=at_least(0), save_every=at_least(0),
+             out_dir=nonempty, init_from=init_from_rule, dataset=nonempty,
+             gradient_accumulation_steps=at_least(1), batch_size=at_least(1),
+             learning_rate=at_least(0.0), max_iters=at_least(1), weight_decay=at_least(0.0),
+             beta1=in_range(0.0, 1.0), beta2=in_range(0.0, 1.0), grad_clip=at_least(0.0),
+             warmup_iters=at_least(0), lr_decay_iters=optional(int, at_least(1)),
+             min_lr=at_least(0.0), op_lr_scale=at_least(0.0), device=device_rule,
+             compile=optional(bool), seed=SEED,
+             dtype=one_of("auto", "float32", "bfloat16", "float16"),
              op=lambda key, value: one_of(*OPS)(key, value))  # the ops registered by now
 
 
@@ -42,8 +44,9 @@ def work_out(args, given, defaults):
         if os.path.lexists(path) and not args.eval_only and ddp_env()[0] == 0:
             claim_run_dir(args.out_dir, resuming=True)
         ckpt = load_checkpoint(path)
-        model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting of its own
-        fixed = {k: v for k, v in model.items() if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
+        model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting
+        fixed = {k: v for k, v in model.items()
+                 if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
         fixed.update(model["controls"])
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
@@ -51,9 +54,11 @@ def work_out(args, given, defaults):
         if saved.get("impl") == "auto" and "impl" not in given:
             saved["impl"] = "sdpa"
             changed["impl"] = "auto"
-        rules = {**RULES, "init_from": nonempty}  # the folder it was fine-tuned from may have moved since
+        # the folder it was fine-tuned from may have moved since
+        rules = {**RULES, "init_from": nonempty}
         for k, v in saved.items():
-            if k == "init_from" or k not in given or means(fixed, k, getattr(args, k)) == means(fixed, k, v):
+            same = means(fixed, k, getattr(args, k)) == means(fixed, k, v)
+            if k == "init_from" or k not in given or same:
                 kept[k] = check(k, v, {**defaults, **all_controls()}, rules)
             else:
                 changed[k] = v
@@ -61,7 +66,8 @@ def work_out(args, given, defaults):
             raise ConfigError(f"the checkpoint is at iter {ckpt['iter_num']} already; "
                               "raise --max_iters to train on")
     elif args.init_from != "scratch":
-        kept = fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}  # GPT-2's settings run
+        # GPT-2's settings run
+        kept = fixed = {**gpt2_sizes(args.init_from), "bias": True, "gelu": "tanh"}
         # a shorter context: its wpe cut
         fixed["block_size"] = min(args.block_size, fixed["block_size"])
     for k in sorted(given & {*fixed, *all_controls()}):
@@ -69,25 +75,27 @@ def work_out(args, given, defaults):
             raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
                               f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
         if k not in fixed and ckpt is not None:
-            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed.get('op')!r}; drop it")
+            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed['op']!r}; drop it")
         if k in fixed and means(fixed, k, getattr(args, k)) != means(fixed, k, fixed[k]):
             meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
             also = f", which means {meant!r} on its {fixed['n_head']} heads" if meant != fixed[k] else ""
-            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the "
-                              f"{'checkpoint' if ckpt else 'pretrained model'}'s {fixed[k]!r}{also}; "
+            whose = "checkpoint" if ckpt else "pretrained model"
+            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {whose}'s {fixed[k]!r}{also}; "
                               "its model is fixed, drop that setting")
     cfg = SimpleNamespace(**{**vars(args), **kept})
-    world_size = ddp_env()[2]  # settings that only make sense together, with the number of DDP processes too
-    # evaluation accumulates nothing
-    if cfg.gradient_accumulation_steps % world_size and not cfg.eval_only:
-        raise ConfigError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
-                          f"of the number of processes ({world_size})")
+    # settings that only make sense together, with the number of DDP processes too
+    world_size = ddp_env()[2]
+    accumulated = cfg.gradient_accumulation_steps
+    if accumulated % world_size and not cfg.eval_only:  # evaluation accumulates nothing
+        raise ConfigError(f"gradient_accumulation_steps={accumulated} must be a multiple of the "
+                          f"number of processes ({world_size})")
     for k in ("hellaswag_interval", "save_every"):
         if getattr(cfg, k) % cfg.eval_interval and not cfg.eval_only:
             raise ConfigError(f"{k}={getattr(cfg, k)} must be a multiple of "
                               f"eval_interval={cfg.eval_interval}: it happens at evaluations")
     if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("wandb_log=True needs the wandb package: pip install wandb (or --wandb_log=False)")
+        raise ConfigError("wandb_log=True needs the wandb package: pip install wandb "
+                          "(or --wandb_log=False)")
     return cfg, ckpt, changed
 
 
@@ -111,7 +119,8 @@ def check_same_data(ckpt, meta, dataset):
         fix = f"use --dataset={trained_on}"
         # the same name, prepared again since (with another vocabulary)
         if trained_on in (None, dataset):
-            fix = "prepare it again as it was when the run began, or start a new run in another --out_dir"
+            fix = ("prepare it again as it was when the run began, or start a new run in another "
+                   "--out_dir")
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
                           f"tokenizer or vocabulary); {fix}")
 
