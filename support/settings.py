@@ -47,7 +47,7 @@ def work_out(args, given, defaults):
         model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting
         fixed = {k: v for k, v in model.items()
                  if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
-        fixed.update(model["controls"])
+        fixed.update(model.get("controls", {}))  # (another version's may have none)
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
         # impl='auto' is gone: SDPA is the default

@@ -636,12 +636,7 @@ GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val
 
 @pytest.mark.parametrize("content, words", [
     (b"not a checkpoint", "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "),
-    ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
-    ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
-    ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),
     ({**GOOD, "model_args": {"n_layer": 1, "bogus": 2}}, "the checkpoint does not fit this code (TypeError"),
-    ({**GOOD, "model_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 103},
-      "meta": None}, "has entries this train.py did not write (meta)"),
     ({"model": {}}, "lacks best_val_loss, config, iter_num, loader, meta, model_args, optimizer"),
     ({"model": RunsCode()}, "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "
                             "checkpoint, or carries code"),
@@ -657,8 +652,6 @@ def test_bad_checkpoints(workdir, content, words):
 
 @pytest.mark.parametrize("content, words", [
     (5, "lacks best_val_loss, config, iter_num, loader, meta, model, model_args, optimizer, tokens"),
-    ({**GOOD, "config": {}}, "has entries this train.py did not write (loader, config)"),
-    ({**GOOD, "iter_num": 2.0, "tokens": True}, "has entries this train.py did not write (iter_num, tokens)"),
 ])
 def test_checkpoint_entries_are_checked_before_use(workdir, content, words):
     torch.save(content, "ckpt.pt")

@@ -190,13 +190,7 @@ def set_state(key, value):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (set_state("step", torch.tensor(-1.0)), "the entry of parameter 1 "),
-    (set_state("step", torch.tensor(1e9)), "the entry of parameter 1 "),  # more steps than iterations
-    (set_state("exp_avg_sq", torch.full((16, 32), -1.0)), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.full((16, 32), float("nan"))), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.zeros(16, 32, dtype=torch.int64)), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.zeros(1).expand(16, 32)), "the entry of parameter 1 "),  # overlapping memory
-    (set_state("max_exp_avg_sq", torch.zeros(16, 32)), "the entry of parameter 1 "),
+    (set_state("exp_avg", torch.zeros(32, 16)), "the entry of parameter 1 "),  # another order
     (lambda ckpt: ckpt["optimizer"]["state"].update({99: {}}), "the entry of parameter 99 "),
     (lambda ckpt: ckpt["optimizer"]["param_groups"].pop(), "other parameter groups"),
 ])
@@ -303,13 +297,6 @@ def test_the_optimizer_state_of_the_last_parameter_is_taken_and_one_past_it_refu
     edit_checkpoint(finished_run, lambda ckpt: ckpt["optimizer"]["state"].pop(last + 1))
     train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # up to the last parameter's entry: taken
     assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
-
-
-@pytest.mark.parametrize("entry, value", [("iter_num", -1), ("tokens", -64), ("best_val_loss", float("nan"))])
-def test_impossible_counts_are_refused(finished_run, entry, value):
-    edit_checkpoint(finished_run, lambda ckpt: ckpt.update({entry: value}))
-    line = train_error(f"--out_dir={finished_run}", *RESUME)
-    assert "counts and losses are never negative (nor NaN)" in line
 
 
 # --- sample.py's and model.py's settings --------------------------------------------------------------------
