@@ -32,7 +32,7 @@ class GPTConfig:
     dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
-    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls) but defaults
+    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls)
     impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
@@ -72,17 +72,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         if cache is None:
             y = self.heads(q, k, v)  # (B, nh, T, hs)
-        # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every
-        # key)
-        else:
-            # (B, nh, t, hs) every key so far
-            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k
+        else:  # generating, SDPA for every impl: the prompt (causal), or one new token (every key)
+            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k  # (B, nh, t, hs) every key
             V = torch.cat((cache["v"], v), dim=2) if "v" in cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
-            # a·v: x's own v only
-            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))
-        # re-assemble all head outputs side by side
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
     def heads(self, q, k, v):
@@ -274,30 +269,17 @@ class GPT(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT of train.py's checkpoint dict, with the caller's changes (dropout, impl). A file
-        from another version, or edited, is one ValueError line, and never builds more model than it
-        holds."""
+        """The GPT of train.py's checkpoint dict, with the caller's changes (dropout, impl); a file
+        from another version (or edited) is one ValueError line. rundir.load_checkpoint has compared
+        the sizes model_args claim with the weights' shapes: a file never builds more than it holds."""
         try:  # TypeError: a setting we do not know; RuntimeError: a weight's name or shape
-            config = GPTConfig(**{**ckpt["model_args"], **changes})
-            check_sizes(config, ckpt["model"])  # before the model is built: a file may claim more
-            model = cls(config)
+            model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
             model.load_state_dict(ckpt["model"])
         except (TypeError, RuntimeError) as e:
             message = " ".join(str(e).split())[:300]  # load_state_dict's: a line per misfit
             raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: {message}); "
                              "it comes from another version or was edited") from None
         return model
-
-
-def check_sizes(config, weights):
-    """The sizes config claims against the shapes of a checkpoint's weights, without building
-    anything: the embeddings give vocab_size, block_size and n_embd, the blocks' names n_layer."""
-    embeddings = ("transformer.wte.weight", "transformer.wpe.weight")
-    held = [tuple(weights[k].shape) if k in weights else None for k in embeddings]
-    held.append(len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")}))
-    claimed = [(config.vocab_size, config.n_embd), (config.block_size, config.n_embd), config.n_layer]
-    if held != claimed:  # (vocab_size, n_embd), (block_size, n_embd), n_layer
-        raise RuntimeError(f"model_args give wte, wpe, blocks {claimed}, its weights {held}")
 
 
 def check_config(config):
@@ -350,7 +332,8 @@ def check_config(config):
 def demo(op="mix", gamma=-0.5, T=6, seed=0):
     torch.manual_seed(seed)
     controls = {"gamma_init": gamma} if "gamma_init" in OPS[op].controls else {}
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op, controls=controls)
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op,
+                       controls=controls)
     model = GPT(config).double().eval()
     x = torch.randn(1, T, config.n_embd, dtype=torch.float64)
     attn = model.transformer.h[0].attn

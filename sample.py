@@ -71,9 +71,9 @@ def sample(cfg, given=frozenset()):
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
         model = GPT.from_checkpoint(ckpt, impl="sdpa")  # the kernel is for training
         encode, decode = get_tokenizer(ckpt["meta"])
-    # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest
-    # default)
     else:
+        # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest
+        # default)
         controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls)
         encode, decode = get_tokenizer({"tokenizer": "gpt2"})

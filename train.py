@@ -240,43 +240,35 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
 
 
 def train(cfg, ckpt, changed):
-    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, ou
+    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir
     model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                      block_size=cfg.block_size,
-                      bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
-                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # the op's (operators.py)
+                      block_size=cfg.block_size, bias=cfg.bias, dropout=cfg.dropout, op=cfg.op,
+                      impl=cfg.impl, gelu=cfg.gelu,
+                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # operators.py
     check_config(model_args)  # GPTConfig's checks, before any file or device is touched
-    # this process: its rank, device, dtype and autocast context; DDP; the seed
-    run = start_process(cfg)
-    # prepared once, the other processes waiting
-    data_dir = run.master_first(ensure_prepared, cfg.dataset)
+    run = start_process(cfg)  # this process: rank, device, dtype, autocast; DDP; the seed
+    data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the others waiting
     meta = load_meta(data_dir)
     model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
-    # micro-steps of this process
-    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)
+    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # this process's
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                           cfg.op_lr_scale)
-    # the fused kernel, checked against float64 on this device before any step
-    if cfg.impl == "triton":
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
+                                           (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
+    if cfg.impl == "triton":  # the fused kernel, checked against float64 here before any step
         run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
-    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
-                               model.config.vocab_size, cfg.seed)
+    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
+                               run.world_size, model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
-    # the loop's counters
-    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)
-    # out_dir: lock, log
-    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)
-    # where this run starts: a resumed run was evaluated there before it stopped
-    first_iter = iter_num
+    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the counters
+    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # lock, log
+    first_iter = iter_num  # a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
-    # torch.compile, DDP, a warm-up step
-    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)
+    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)  # compile, DDP, warm-up
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
     peak = peak_flops(run.dev)  # the GPU's FLOP/s, for the MFU (None on CPUs)
 
-    # --- the training loop ------------------------------------------------------------------------
+    # --- the training loop -----------------------------------------------------------------------
     t0, timed_from = time.time(), iter_num  # the clock, and the iteration it started at
     while True:
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
@@ -286,20 +278,23 @@ def train(cfg, ckpt, changed):
             if run.writes and iter_num > 0:
                 write_ckpt_pt = val_loss < best_val_loss or cfg.always_save_checkpoint
                 best_val_loss = min(best_val_loss, val_loss)
-                checkpoint = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "model_args": asdict(raw_model.config), "iter_num": iter_num,
-                              "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
-                              "loader": train_loader.state_dict(), "meta": meta}
-                # ckpt.pt if so; ckpt_NNNNNN.pt if due
-                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)
+                checkpoint = {
+                    "model": raw_model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "model_args": asdict(raw_model.config),  # what GPT.from_checkpoint builds
+                    "iter_num": iter_num, "tokens": tokens, "best_val_loss": best_val_loss,
+                    "config": vars(cfg),  # every setting, as config.json shows them
+                    "loader": train_loader.state_dict(),  # where the data order goes on
+                    "meta": meta,  # the data's tokenizer: sample.py decodes from any folder
+                }
+                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # and ckpt_NNNNNN.pt if due
             t0, timed_from = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:  # the operators' scalars: lr × op_lr_scale
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted
-        # one would
+        # dropout depends only on (seed, iteration, rank): a resumed run draws as an unbroken one would
         torch.manual_seed(cfg.seed + 1000003 * iter_num + run.rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
@@ -311,10 +306,8 @@ def train(cfg, ckpt, changed):
                 loss = loss / grad_accum  # the mean over micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        # the true gradients (fp16's scaler multiplies them), to measure and clip
-        scaler.unscale_(optimizer)
-        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure,
-        # never clip)
+        scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them)
+        # the norm before clipping, logged: its spikes warn of instability (grad_clip=0: never clip)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         scaler.step(optimizer)
         scaler.update()
@@ -322,8 +315,7 @@ def train(cfg, ckpt, changed):
         optimizer.zero_grad(set_to_none=True)
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            # seconds per iteration since the last line
-            dt = (time.time() - t0) / (iter_num - timed_from)
+            dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration, lately
             mean_loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
             rundir.stop_if_not_finite("the training loss", mean_loss, iter_num, cfg.out_dir)
             log_train(run, iter=iter_num, tokens=tokens, loss=mean_loss, lr=lr, grad_norm=grad_norm.item(),
@@ -331,8 +323,7 @@ def train(cfg, ckpt, changed):
                       mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
             t0, timed_from = time.time(), iter_num
 
-    # the heads' final γ and δ; the log's end
-    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)
+    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # final γ and δ; the log's end
     return raw_model
 
 
@@ -342,8 +333,7 @@ def main(argv=None):
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
         args, given = parse_config(sys.argv[1:] if argv is None else argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
-    # our checks, kernel.py's torch, I/O
-    except (ValueError, ImportError, FloatingPointError, OSError) as e:
+    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # ours, kernel.py's, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
         # says how to go on: resume from the checkpoint, or run it again

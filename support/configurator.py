@@ -224,8 +224,8 @@ def comments(source):
     for part in parts:
         try:
             lines = inspect.getsourcelines(part)[0]
-        # defined where no source file is (an operator made in a notebook, say)
         except (OSError, TypeError):
+            # defined where no source file is (an operator made in a notebook, say)
             continue
         line = []
         for tok in tokenize.generate_tokens(iter(lines).__next__):
@@ -268,8 +268,8 @@ def read_config_file(path):
     with f:
         try:
             exec(f.read(), scope)
-        # a config file that crashes, or exits, is a bad config file
         except (Exception, SystemExit) as e:
+            # a config file that crashes, or exits, is a bad config file
             if path.endswith(".json"):  # a run's config.json, say
                 raise ConfigError(f"config file {path} is JSON, but config files are Python (like "
                                   "config/train_demo.py); a run's own settings resume with "

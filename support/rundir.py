@@ -194,12 +194,27 @@ def load_checkpoint(path):
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
                           "it was not written by this train.py")
     check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
+    check_sizes(ckpt["model_args"], ckpt["model"])
     weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
     not_finite = [k for k, t in weights if not torch.isfinite(t).all()]
     if not_finite:  # a run that diverged between two evaluations
         raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
                           "use an earlier checkpoint of the run")
     return ckpt
+
+
+def check_sizes(args, weights):
+    """The sizes model_args claim against the shapes of the weights, before any model is built (a
+    file that claims far more than it holds would take minutes and gigabytes to build): the
+    embeddings give vocab_size, block_size and n_embd, the blocks' names n_layer."""
+    embeddings = ("transformer.wte.weight", "transformer.wpe.weight")
+    held = [tuple(weights[k].shape) if k in weights else None for k in embeddings]
+    held.append(len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")}))
+    n_embd = args.get("n_embd")
+    claimed = [(args.get("vocab_size"), n_embd), (args.get("block_size"), n_embd), args.get("n_layer")]
+    if held != claimed:  # (vocab_size, n_embd), (block_size, n_embd), n_layer
+        raise ConfigError(f"the checkpoint does not fit this code (model_args give wte, wpe, blocks "
+                          f"{claimed}, its weights {held}); it comes from another version or was edited")
 
 
 def few(names):
