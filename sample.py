@@ -36,15 +36,11 @@ DEFAULTS = dict(
 )
 
 
-def temperature_rule(key, value):
-    """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to
-    NaN."""
-    return requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001")(key, value)
-
-
-RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule,
-             seed=SEED,
-             top_k=optional(int, at_least(1)), device=device_rule)
+# temperature: 0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, and
+# sampling to NaN
+RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), seed=SEED, device=device_rule,
+             temperature=requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001"),
+             top_k=optional(int, at_least(1)))
 
 
 def read_prompt(start):
