@@ -184,23 +184,27 @@ def load_checkpoint(path):
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     with open_regular(path) as f:
-        try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
+        try:  # weights_only: tensors, numbers, strings and dicts, never code to run
             ckpt = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is "
-                              "corrupt, not a nanoCorridor checkpoint, or carries code") from None
+            raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): "
+                              "it is corrupt, not a nanoCorridor checkpoint, or carries code") from None
     missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
     if missing:  # another version's file, or not a checkpoint at all
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
                           "it was not written by this train.py")
-    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
+    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json",
+               "it was not written by this train.py")
     check_sizes(ckpt["model_args"], ckpt["model"])
     weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
     not_finite = [k for k, t in weights if not torch.isfinite(t).all()]
     if not_finite:  # a run that diverged between two evaluations
-        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
-                          "use an earlier checkpoint of the run")
+        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in "
+                          f"{few(not_finite)}); use an earlier checkpoint of the run")
     return ckpt
+
+
+SIZES = ("vocab_size", "block_size", "n_embd", "n_layer")  # what a model's memory grows with
 
 
 def check_sizes(args, weights):
@@ -210,11 +214,12 @@ def check_sizes(args, weights):
     embeddings = ("transformer.wte.weight", "transformer.wpe.weight")
     held = [tuple(weights[k].shape) if k in weights else None for k in embeddings]
     held.append(len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")}))
-    n_embd = args.get("n_embd")
-    claimed = [(args.get("vocab_size"), n_embd), (args.get("block_size"), n_embd), args.get("n_layer")]
-    if held != claimed:  # (vocab_size, n_embd), (block_size, n_embd), n_layer
-        raise ConfigError(f"the checkpoint does not fit this code (model_args give wte, wpe, blocks "
-                          f"{claimed}, its weights {held}); it comes from another version or was edited")
+    vocab_size, block_size, n_embd, n_layer = (args.get(k) for k in SIZES)
+    claimed = [(vocab_size, n_embd), (block_size, n_embd), n_layer]
+    if held != claimed:
+        raise ConfigError(f"the checkpoint does not fit this code (model_args give wte, wpe, "
+                          f"blocks {claimed}, its weights {held}); it comes from another version or "
+                          "was edited")
 
 
 def few(names):
@@ -228,19 +233,20 @@ def load_optimizer_state(optimizer, ckpt):
     saved, built = ckpt["optimizer"], optimizer.state_dict()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if [g["params"] for g in saved["param_groups"]] != [g["params"] for g in built["param_groups"]]:
-        raise ConfigError("the checkpoint's optimizer state does not fit this model (other parameter "
-                          "groups); it comes from another version")
+        raise ConfigError("the checkpoint's optimizer state does not fit this model (other "
+                          "parameter groups); it comes from another version")
     for i, entry in saved["state"].items():  # keyed by the parameter's place in the groups
-        if not (i < len(params) and all(entry.get(k) is not None and entry[k].shape == params[i].shape
-                                        for k in ("exp_avg", "exp_avg_sq"))):
-            raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry of "
-                              f"parameter {i!r} must hold two moments shaped like the parameter); it "
-                              "comes from another version")
+        moments = [entry.get(k) for k in ("exp_avg", "exp_avg_sq")]
+        if not (i < len(params) and all(m is not None and m.shape == params[i].shape for m in moments)):
+            raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry "
+                              f"of parameter {i!r} must hold two moments shaped like the parameter); "
+                              "it comes from another version")
     optimizer.load_state_dict({"state": saved["state"], "param_groups": built["param_groups"]})
 
 
 def restore(ckpt, optimizer, train_loader):
-    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, optimizer and loader restored."""
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped; optimizer and loader
+    restored."""
     if ckpt is None:
         return 0, 0, float("inf")
     load_optimizer_state(optimizer, ckpt)
