@@ -2,8 +2,9 @@
 nanoCorridor's GPT: nanoGPT's model with one new idea, the operator each head applies to its values.
 
 Head h computes (a_h·I + b_h·P)·V instead of attention's P·V, with (a, b) from the HeadOperator that
-`GPTConfig.op` names (operators.py: attention, laplacian, mix = δ(γI + P), mix_alpha, mix_ab). The one new
-line is in CausalSelfAttention.heads. `GPT.gamma_delta()` reports every head's effective γ = a/b, δ = b.
+`GPTConfig.op` names (operators.py: attention, laplacian, mix = δ(γI + P), mix_alpha, mix_ab). The
+one new line is in CausalSelfAttention.heads. `GPT.gamma_delta()` reports every head's effective γ =
+a/b, δ = b.
 
 Classroom demo (prints one head's T×T operator and checks the corridor identity):
     python model.py --op=laplacian
@@ -31,13 +32,14 @@ class GPTConfig:
     dropout: float = 0.0  # dropout on attention, residual and embeddings (0: off)
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     op: str = "mix"  # what every head applies to its values: a name in OPS (operators.py)
-    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls); unset: defaults
-    impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton (kernel.py)
-    gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's, which its weights need)
+    controls: dict = field(default_factory=dict)  # the op's settings (OPS[op].controls)
+    impl: str = "sdpa"  # how heads compute (a·I + b·P)V: sdpa, materialized (teaching) or triton
+    gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
     def __post_init__(self):
         check_config(vars(self))  # below GPT: a ValueError names the setting and what is allowed
-        self.controls = {**OPS[self.op].controls, **self.controls}  # the op's controls not given: defaults
+        # the op's controls not given: defaults
+        self.controls = {**OPS[self.op].controls, **self.controls}
 
 
 class CausalSelfAttention(nn.Module):
@@ -46,42 +48,49 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.n_embd = config.n_head, config.n_embd
         self.dropout, self.impl = config.dropout, config.impl
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v projections
+        # q, k, v projections
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.op = OPS[config.op](config.n_head, **config.controls)
-        if config.impl == "triton":  # lazy: triton is imported only by the runs that ask for the kernel
+        # lazy: triton is imported only by the runs that ask for the kernel
+        if config.impl == "triton":
             from kernel import mix_attention
             self.kernel = mix_attention
 
     def qkv(self, x):
         B, T, C = x.size()
         qkv = self.c_attn(x).split(self.n_embd, dim=2)  # q, k, v: (B, T, C) each
-        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]  # (B, nh, T, hs)
+        # (B, nh, T, hs)
+        return [t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in qkv]
 
     def forward(self, x, cache=None):
-        """x: (B, T, C). cache, only while generating: this layer's keys and values of the positions before x,
-        extended here by x's (none yet, {}: x is the prompt; else x is the one new token)."""
+        """x: (B, T, C). cache, only while generating: this layer's keys and values of the positions
+        before x, extended here by x's (none yet, {}: x is the prompt; else x is the one new
+        token)."""
         B, T, C = x.size()
         q, k, v = self.qkv(x)  # (B, nh, T, hs)
         if cache is None:
             y = self.heads(q, k, v)  # (B, nh, T, hs)
-        else:  # generating, SDPA for every impl: the prompt (causal), or one new token (which sees every key)
-            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k  # (B, nh, t, hs) every key so far
+        else:  # generating, SDPA for every impl: the prompt (causal), or one new token (every key)
+            K = torch.cat((cache["k"], k), dim=2) if "k" in cache else k  # (B, nh, t, hs) every key
             V = torch.cat((cache["v"], v), dim=2) if "v" in cache else v  # (B, nh, t, hs) and value
             cache.update(k=K, v=V)  # kept for the tokens to come
-            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's own v only
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble all head outputs side by side
+            y = self.op(v, F.scaled_dot_product_attention(q, K, V, is_causal=T > 1))  # a·v: x's v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # all head outputs side by side
         return self.resid_dropout(self.c_proj(y))
 
     def heads(self, q, k, v):
-        """Every head's (a·I + b·P)·V at all T positions, by the implementation config.impl names."""
+        """Every head's (a·I + b·P)·V at all T positions, by the implementation config.impl
+        names."""
         dropout_p = self.dropout if self.training else 0.0
-        if self.impl == "triton":  # the fused kernel computes P·V and applies the operator in one pass
+        # the fused kernel computes P·V and applies the operator in one pass
+        if self.impl == "triton":
             return self.kernel(q, k, v, *self.op.coefficients())
         if self.impl == "materialized":  # the T×T operator itself: for teaching and tests
             return operator_matrix(q, k, *self.op.coefficients(), dropout_p) @ v
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # P·V, flash
+        # P·V, flash
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return self.op(v, y)  # (a·I + b·P)·V: the one new line
 
 
@@ -127,7 +136,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by 1/√(2·n_layer)
+        # GPT-2: scale residual projections by 1/√(2·n_layer)
+        for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
@@ -138,20 +148,24 @@ class GPT(nn.Module):
             torch.nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding=True):
-        """Trainable parameters (frozen γ/δ are buffers), minus the position embeddings by default."""
+        """Trainable parameters (frozen γ/δ are buffers), minus the position embeddings by
+        default."""
         n = sum(p.numel() for p in self.parameters() if p.requires_grad)
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict per layer,
-        all empty (idx is the prompt) or all holding the keys and values of the positions before idx."""
+        """idx (B, T) → logits (and the loss with targets). cache, only when generating: one dict
+        per layer, all empty (idx is the prompt) or all holding the keys and values of the positions
+        before idx."""
         B, T = idx.size()
-        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0  # idx: after the cached positions
+        # idx: after the cached positions
+        t0 = cache[0]["k"].size(2) if cache and "k" in cache[0] else 0
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence length {t0 + T} is longer than block_size={self.config.block_size}; "
                              "crop the input or build the model with a larger block_size")
         pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for i, block in enumerate(self.transformer.h):
             x = block(x, cache[i] if cache else None)
         x = self.transformer.ln_f(x)
@@ -162,7 +176,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def crop_block_size(self, block_size):
-        """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size by cutting the position table."""
+        """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size by cutting the position
+        table."""
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
 
@@ -177,14 +192,16 @@ class GPT(nn.Module):
         return a / b, b
 
     def project(self):
-        """Apply every operator's constraint (e.g. γ ≥ gamma_min). Call after every optimizer step."""
+        """Apply every operator's constraint (e.g. γ ≥ gamma_min). Call after every optimizer
+        step."""
         for op in self.head_operators():
             op.project()
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, op_lr_scale=1.0):
-        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on norms, biases or the
-        operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key "lr_scale", which
-        the training loop applies): Adam moves each by ~its lr per step, too little to see in fine-tuning."""
+        """AdamW; weight decay only on 2-D weights (matmuls, embeddings), never on norms, biases or
+        the operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key
+        "lr_scale", which the training loop applies): Adam moves each by ~its lr per step, too
+        little to see in fine-tuning."""
         op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
         decay = [p for p in params if p.dim() >= 2]
@@ -196,8 +213,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
-        """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak, the GPU's
-        dense bf16 peak FLOP/s (None where it is not known, as on CPUs: then None)."""
+        """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak,
+        the GPU's dense bf16 peak FLOP/s (None where it is not known, as on CPUs: then None)."""
         cfg = self.config
         L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
         flops_per_token = 6 * self.get_num_params() + 12 * L * H * Q * T  # PaLM appendix B
@@ -205,13 +222,15 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Continue idx (B, T) by max_new_tokens tokens drawn from the model's distribution, sharpened by
-        temperature (0: the most likely) and cut to the top_k most likely. A KV cache keeps every layer's keys
-        and values: a new token computes only its own q, k, v and head outputs, as decoders really do.
-        use_cache=False: a full forward over the whole (cropped) context per token, as nanoGPT's generate."""
+        """Continue idx (B, T) by max_new_tokens tokens drawn from the model's distribution,
+        sharpened by temperature (0: the most likely) and cut to the top_k most likely. A KV cache
+        keeps every layer's keys and values: a new token computes only its own q, k, v and head
+        outputs, as decoders really do. use_cache=False: a full forward over the whole (cropped)
+        context per token, as nanoGPT's generate."""
         block_size, cache = self.config.block_size, None
         for _ in range(max_new_tokens):
-            # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT crops
+            # wpe is absolute: a full cache restarts from the last block_size tokens, as nanoGPT
+            # crops
             if cache is None or cache[0]["k"].size(2) == block_size:
                 cache = [{} for _ in self.transformer.h] if use_cache else None
                 logits, _ = self(idx[:, -block_size:], cache=cache)  # (once full: for every token)
@@ -231,32 +250,46 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="sdpa"):
-        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any op. With
-        op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning
-        starts from attention and the heads are free to move into the corridor."""
-        from support.pretrained import gpt2_weights  # lazy: reads and checks the folder or the hub's files
-        sizes, weights = gpt2_weights(name_or_path)  # checked against config.json before anything is built
+        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any
+        op. With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes,
+        so fine-tuning starts from attention and the heads are free to move into the corridor."""
+        # lazy: reads and checks the folder or the hub's files
+        from support.pretrained import gpt2_weights
+        # checked against config.json before anything is built
+        sizes, weights = gpt2_weights(name_or_path)
         model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {},
                               dropout=dropout, impl=impl))
-        # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from nn.Linear's
+        # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from
+        # nn.Linear's
         transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
         weights = {k: w.t() if k.endswith(transposed) else w for k, w in weights.items()}
-        model.load_state_dict(weights, strict=False)  # all but the operators' own scalars (and the tied head)
+        # all but the operators' own scalars (and the tied head)
+        model.load_state_dict(weights, strict=False)
         return model
 
     @classmethod
     def from_checkpoint(cls, ckpt, **changes):
-        """The GPT of train.py's checkpoint dict, with the caller's dropout, impl; one line if unfit."""
-        from support.rundir import checked_model  # lazy: the checks of a checkpoint live with its loader
-        return checked_model(cls, GPTConfig, ckpt, changes)
+        """The GPT of train.py's checkpoint dict, with the caller's changes (dropout, impl); a file
+        from another version (or edited) is one ValueError line. rundir.load_checkpoint has compared
+        the sizes model_args claim with the weights' shapes: a file never builds more than it holds."""
+        try:  # TypeError: a setting we do not know; RuntimeError: a weight's name or shape
+            model = cls(GPTConfig(**{**ckpt["model_args"], **changes}))
+            model.load_state_dict(ckpt["model"])
+        except (TypeError, RuntimeError) as e:
+            message = " ".join(str(e).split())[:300]  # load_state_dict's: a line per misfit
+            raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: {message}); "
+                             "it comes from another version or was edited") from None
+        return model
 
 
 def check_config(config):
-    """GPTConfig's checks of config, a dict of its settings (train.py's model_args: the data's vocab_size yet
-    unknown), wherever it is made: a ValueError names the setting and what is allowed."""
+    """GPTConfig's checks of config, a dict of its settings (train.py's model_args: the data's
+    vocab_size yet unknown), wherever it is made: a ValueError names the setting and what is
+    allowed."""
     def bad(key, allowed):
         raise ValueError(f"{key}={config[key]!r} is not allowed: {allowed}")
-    for key, choices in dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh")).items():
+    allowed = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
+    for key, choices in allowed.items():
         if config[key] not in choices:
             bad(key, f"choose one of {', '.join(choices)}")
     for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -266,12 +299,14 @@ def check_config(config):
         bad("n_embd", f"it must be divisible by n_head={config['n_head']}")
     if not 0.0 <= config["dropout"] < 1.0:
         bad("dropout", "it must be in [0, 1)")
-    if config["impl"] == "triton":  # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+    # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+    if config["impl"] == "triton":
         if importlib.util.find_spec("triton") is None:
             bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
         if config["dropout"]:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        from kernel import HEAD_DIMS  # the kernel's own table; an ImportError names the torch it needs
+        # the kernel's own table; an ImportError names the torch it needs
+        from kernel import HEAD_DIMS
         if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
             bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
                         f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "
@@ -281,8 +316,9 @@ def check_config(config):
         if key not in Op.controls:
             raise ValueError(f"{key} is not a control of op={config['op']!r} (its controls: "
                              f"{', '.join(Op.controls) or 'none'}); drop it or change op")
-        if type(Op.controls[key]) is float and not (type(value) in (int, float) and math.isfinite(value)):
-            raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")  # as its default
+        finite = type(value) in (int, float) and math.isfinite(value)
+        if type(Op.controls[key]) is float and not finite:
+            raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")
         if type(Op.controls[key]) is bool and type(value) is not bool:
             raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
     Op.check(config["n_head"], {**Op.controls, **config["controls"]})
@@ -296,7 +332,8 @@ def check_config(config):
 def demo(op="mix", gamma=-0.5, T=6, seed=0):
     torch.manual_seed(seed)
     controls = {"gamma_init": gamma} if "gamma_init" in OPS[op].controls else {}
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op, controls=controls)
+    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op,
+                       controls=controls)
     model = GPT(config).double().eval()
     x = torch.randn(1, T, config.n_embd, dtype=torch.float64)
     attn = model.transformer.h[0].attn
@@ -326,7 +363,8 @@ if __name__ == "__main__":
     try:
         require_torch(torch.__version__)
         cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
-        if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:  # its heads have no γ to set
+        # its heads have no γ to set
+        if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:
             raise ConfigError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
         demo(cfg.op, cfg.gamma)
     except (ConfigError, ValueError) as e:

@@ -5,8 +5,8 @@ For head h and causal query position i, with P = softmax(q·kᵀ/√d) under the
 
     y_i = a_h · v_i  +  b_h · Σ_{j≤i} P_ij v_j        i.e. the head applies (a_h·I + b_h·P) to V
 
-An operator (a HeadOperator registered in OPS under its name, chosen by GPTConfig.op or train.py's --op)
-says where each head's (a, b) come from:
+An operator (a HeadOperator registered in OPS under its name, chosen by GPTConfig.op or train.py's
+--op) says where each head's (a, b) come from:
 
     attention   a = 0,    b = 1                   softmax attention P
     laplacian   a = 1,    b = -1                  the Laplacian I - P, on the last `laplacian_heads` heads
@@ -15,9 +15,10 @@ says where each head's (a, b) come from:
     mix_ab      a = β,    b = α - β               α·P + β·(I - P)
 
 Written the paper's way, every head has an effective γ = a/b and δ = b; for γ ∈ (-1, 0), the "convex
-corridor", δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P) mixes attention with the negative Laplacian. Adding an
-operator is one small class with @register_op (README: "Add your own operator"). `operator_matrix` builds
-a·I + b·P explicitly: the reference for teaching and tests; training never materialises the T×T matrix.
+corridor", δ(γI + P) = δ(|γ|(P - I) + (1 - |γ|)P) mixes attention with the negative Laplacian.
+Adding an operator is one small class with @register_op (README: "Add your own operator").
+`operator_matrix` builds a·I + b·P explicitly: the reference for teaching and tests; training never
+materialises the T×T matrix.
 """
 import math
 
@@ -37,16 +38,17 @@ def register_op(name):
 
 
 def all_controls():
-    """Every registered op's controls with their defaults: the operator settings train.py accepts."""
+    """Every registered op's controls with their defaults: the operator settings train.py
+    accepts."""
     return {k: v for Op in OPS.values() for k, v in Op.controls.items()}
 
 
 class HeadOperator(nn.Module):
     """What the heads of one layer apply to their values: head h computes (a_h·I + b_h·P)·V.
 
-    A subclass gives `coefficients()`, its settings with their defaults in `controls` (train.py accepts each
-    as --name=value) and their checks in `check`. Its parameters, the per-head scalars, get no weight decay
-    and learn at learning_rate × op_lr_scale."""
+    A subclass gives `coefficients()`, its settings with their defaults in `controls` (train.py
+    accepts each as --name=value) and their checks in `check`. Its parameters, the per-head scalars,
+    get no weight decay and learn at learning_rate × op_lr_scale."""
     controls = {}
 
     def __init__(self, n_head, **controls):
@@ -55,7 +57,8 @@ class HeadOperator(nn.Module):
 
     @classmethod
     def check(cls, n_head, controls):
-        """Raise a ValueError that names the control when a value is not allowed (its type: GPTConfig's)."""
+        """Raise a ValueError that names the control when a value is not allowed (its type:
+        GPTConfig's)."""
 
     def scalar(self, name, value, learn=True):
         """One value per head: a Parameter when learned, else a buffer (saved, never trained)."""
@@ -79,7 +82,8 @@ class HeadOperator(nn.Module):
 
 @register_op("attention")
 class Attention(HeadOperator):
-    """Softmax attention P: a = 0, b = 1 (kept as buffers that follow the model's device, not saved)."""
+    """Softmax attention P: a = 0, b = 1 (kept as buffers that follow the model's device, not
+    saved)."""
 
     def __init__(self, n_head):
         super().__init__(n_head)
@@ -92,7 +96,8 @@ class Attention(HeadOperator):
 
 @register_op("laplacian")
 class Laplacian(HeadOperator):
-    """The Laplacian I - P (Zhang & Papyan) on the last `laplacian_heads` heads, attention P on the rest."""
+    """The Laplacian I - P (Zhang & Papyan) on the last `laplacian_heads` heads, attention P on the
+    rest."""
     controls = dict(
         laplacian_heads=None,  # how many heads (the last ones) are Laplacians; None: half
     )
@@ -104,20 +109,17 @@ class Laplacian(HeadOperator):
             raise ValueError(f"laplacian_heads={n!r} is not allowed: "
                              f"give an integer in 0..n_head={n_head}, or None for half")
 
-    @staticmethod
-    def meaning(n_head, key, value):  # what a control's value means (an op whose None stands for something)
-        return n_head // 2 if value is None else value  # laplacian_heads=None: half the heads
-
     def __init__(self, n_head, laplacian_heads):
         super().__init__(n_head)
-        n = self.meaning(n_head, "laplacian_heads", laplacian_heads)
+        n = n_head // 2 if laplacian_heads is None else laplacian_heads
         is_lap = (torch.arange(n_head) >= n_head - n).float()
         self.register_buffer("a", is_lap, persistent=False)
         self.register_buffer("b", 1.0 - 2.0 * is_lap, persistent=False)
 
 
 class FromGammaDelta(HeadOperator):
-    """The ops whose heads start at δ(γI + P) from their gamma_init and delta_init: mix, mix_alpha, mix_ab."""
+    """The ops whose heads start at δ(γI + P) from their gamma_init and delta_init: mix, mix_alpha,
+    mix_ab."""
     controls = dict(
         gamma_init=0.0,  # every head's γ at the start (0 with δ = 1: attention)
         delta_init=1.0,  # every head's δ at the start
@@ -132,7 +134,8 @@ class FromGammaDelta(HeadOperator):
 
 @register_op("mix")
 class Mix(FromGammaDelta):
-    """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen there."""
+    """δ(γI + P), γ and δ per head (the paper): learned from gamma_init, delta_init, or frozen
+    there."""
     controls = FromGammaDelta.controls | dict(
         learn_gamma=True,  # False: γ stays at gamma_init
         learn_delta=True,  # False: δ stays at delta_init
@@ -179,7 +182,8 @@ class MixAlpha(FromGammaDelta):
 
 @register_op("mix_ab")
 class MixAB(FromGammaDelta):
-    """α·P + β(I - P) = β·I + (α - β)·P, learned, started where δ(γI + P) starts: α = δ(1 + γ), β = δγ."""
+    """α·P + β(I - P) = β·I + (α - β)·P, learned, started where δ(γI + P) starts: α = δ(1 + γ), β =
+    δγ."""
 
     def __init__(self, n_head, gamma_init, delta_init):
         super().__init__(n_head)
@@ -203,7 +207,8 @@ def causal_softmax(q, k):
 
 
 def operator_matrix(q, k, a, b, dropout_p=0.0):
-    """Every head's operator a·I + b·P, materialised: (B, nh, T, T). a, b: (nh,). Memory grows with T²."""
+    """Every head's operator a·I + b·P, materialised: (B, nh, T, T). a, b: (nh,). Memory grows with
+    T²."""
     P = F.dropout(causal_softmax(q, k), dropout_p)  # (B, nh, T, T)
     I = torch.eye(q.size(-2), dtype=P.dtype, device=P.device)  # (T, T)
     return a.to(P.dtype).view(-1, 1, 1) * I + b.to(P.dtype).view(-1, 1, 1) * P

@@ -1,19 +1,20 @@
 """
-Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared with (the
-checkpoint carries the dataset's meta.json, so this works from any directory), or from OpenAI's GPT-2 weights
-with any op, decoding with tiktoken's GPT-2 BPE.
+Generate text from a trained nanoCorridor run, decoding with the tokenizer its data was prepared
+with (the checkpoint carries the dataset's meta.json, so this works from any directory), or from
+OpenAI's GPT-2 weights with any op, decoding with tiktoken's GPT-2 BPE.
 
     python sample.py --out_dir=out/demo --start="The " --num_samples=3 --max_new_tokens=300
     python sample.py --out_dir=out/demo --start=FILE:prompt.txt --temperature=0.8 --top_k=50 --seed=1
-    python sample.py --out_dir=out/demo --temperature=0      # greedy: always the most likely next token
-    python sample.py --init_from=gpt2 --start="The corridor" --op=mix --gamma_init=-0.3   # or gpt2-medium..xl
+    python sample.py --out_dir=out/demo --temperature=0      # greedy: the most likely next token
+    python sample.py --init_from=gpt2 --start="The corridor" --op=mix --gamma_init=-0.3  # or gpt2-xl
 """
 import os
 import sys
 
 import torch
 
-from support.configurator import SEED, ConfigError, at_least, configure, optional, require_torch, requires
+from support.configurator import (SEED, ConfigError, at_least, configure, optional, require_torch,
+                                  requires)
 from support.dataloader import get_tokenizer
 from support.hardware import device_rule, pick_device
 from model import GPT
@@ -21,7 +22,7 @@ from operators import OPS, all_controls
 from support.rundir import load_checkpoint
 
 DEFAULTS = dict(
-    init_from="resume",  # 'resume' (out_dir's ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 directory
+    init_from="resume",  # resume (out_dir's ckpt.pt), gpt2..gpt2-xl or a local GPT-2 folder
     out_dir="out/demo",  # the run directory holding ckpt.pt
     start="\n",  # the prompt, or FILE:path to read it from a file
     num_samples=3,  # how many texts to generate
@@ -29,19 +30,17 @@ DEFAULTS = dict(
     temperature=0.8,  # < 1: more conservative, > 1: more random, 0: greedy
     top_k=200,  # keep only the top_k most likely tokens (None: all)
     seed=1337,  # seeds the sampling
-    device="auto",  # where to run: auto (cuda > mps > cpu, as train.py picks), cpu, cuda, cuda:1 or mps
-    op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with the op's controls below
+    device="auto",  # auto (cuda > mps > cpu, as train.py picks), cpu, cuda, cuda:1 or mps
+    op="mix",  # GPT-2 only: what its heads apply (a checkpoint keeps its own), with its controls
     **all_controls(),
 )
 
 
-def temperature_rule(key, value):
-    """0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, sampling to NaN."""
-    return requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001")(key, value)
-
-
-RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), temperature=temperature_rule, seed=SEED,
-             top_k=optional(int, at_least(1)), device=device_rule)
+# temperature: 0 (greedy) or at least 0.001: dividing the logits by less overflows them to inf, and
+# sampling to NaN
+RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), seed=SEED, device=device_rule,
+             temperature=requires(lambda t: t == 0 or t >= 1e-3, "give 0 (greedy) or a temperature ≥ 0.001"),
+             top_k=optional(int, at_least(1)))
 
 
 def read_prompt(start):
@@ -59,7 +58,8 @@ def read_prompt(start):
 
 def sample(cfg, given=frozenset()):
     device = pick_device(cfg.device)[0]  # as train.py picks it
-    op_settings = [k for k in sorted(given) if k == "op" or k in all_controls()]  # GPT-2's heads only
+    # GPT-2's heads only
+    op_settings = [k for k in sorted(given) if k == "op" or k in all_controls()]
     if cfg.init_from == "resume":
         if op_settings:
             raise ConfigError(f"--{op_settings[0]} applies to GPT-2 weights (--init_from=gpt2): "
@@ -67,7 +67,9 @@ def sample(cfg, given=frozenset()):
         ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
         model = GPT.from_checkpoint(ckpt, impl="sdpa")  # the kernel is for training
         encode, decode = get_tokenizer(ckpt["meta"])
-    else:  # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest default)
+    else:
+        # GPT-2's weights, every head switched to the chosen op (given controls set it, the rest
+        # default)
         controls = {k: getattr(cfg, k) for k in op_settings if k != "op"}
         model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=controls)
         encode, decode = get_tokenizer({"tokenizer": "gpt2"})

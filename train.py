@@ -8,8 +8,9 @@ Any setting can be overridden on the command line, after the config file (--help
 DDP, one node with 8 GPUs (on CPU, --nproc_per_node=2 uses gloo; several nodes: see the README):
     torchrun --standalone --nproc_per_node=8 train.py config/train_gpt2_owt.py
 
-A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in train()), which
---init_from=resume continues (save_every keeps ckpt_NNNNNN.pt copies). Each check is one call into support/.
+A run directory (out_dir) gets config.json, log.jsonl and ckpt.pt (the dict `checkpoint` in
+train()), which --init_from=resume continues (save_every keeps ckpt_NNNNNN.pt copies). Each check is
+one call into support/.
 """
 import math
 import sys
@@ -24,7 +25,8 @@ from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
 from support.configurator import configure, require_torch
 from support.dataloader import DataError, ShardLoader, ValSet, load_meta, token_bytes, unigram_loss
-from support.hardware import compiled_wrapped_warmed, end_process, exit_status, peak_flops, start_process
+from support.hardware import (compiled_wrapped_warmed, end_process, exit_status, peak_flops,
+                              start_process)
 
 # -----------------------------------------------------------------------------
 # default settings; config files and --key=value arguments override them
@@ -33,21 +35,22 @@ out_dir = "out/run"  # the run directory: config.json, log.jsonl, ckpt.pt
 eval_interval = 250  # evaluate (and checkpoint) every this many iterations
 log_interval = 10  # print and log the training loss every this many iterations
 eval_iters = 20  # batches of the train split's loss estimate (the val loss reads val_tokens, below)
-val_tokens = 10_485_760  # the val loss: the first val_tokens tokens of the val split (modded-nanogpt's count)
-hellaswag_interval = 0  # score HellaSwag every this many iters (a multiple of eval_interval; 0 = never)
-eval_only = False  # evaluate the run's checkpoint (or init_from's model) once, print losses, write nothing
+val_tokens = 10_485_760  # the val loss reads the val split's first val_tokens (modded-nanogpt's)
+hellaswag_interval = 0  # score HellaSwag every this many iters (times eval_interval; 0: never)
+eval_only = False  # evaluate the checkpoint (or init_from's model) once, print, write nothing
 always_save_checkpoint = True  # checkpoint at every evaluation; False: only when val loss improves
-save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (a multiple of eval_interval; 0 = never)
-init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt.pt), 'gpt2'..'gpt2-xl' or a local HF GPT-2 folder
+save_every = 0  # also keep ckpt_NNNNNN.pt every this many iters (times eval_interval; 0: never)
+init_from = "scratch"  # scratch, resume (out_dir/ckpt.pt), gpt2..gpt2-xl or a local GPT-2 folder
 wandb_log = False  # also log to Weights & Biases (needs the wandb package)
 wandb_project = "nanocorridor"  # its project
 wandb_run_name = "run"  # its run name
 # data
-dataset = "pydocs"  # a directory under data/ made by prepare_data.py (pydocs is prepared on the fly)
-gradient_accumulation_steps = 1  # micro-steps per optimizer step, global: divided among DDP processes
+dataset = "pydocs"  # a folder in data/ made by prepare_data.py (pydocs is prepared on the fly)
+gradient_accumulation_steps = 1  # micro-steps per optimizer step, shared by the DDP processes
 batch_size = 12  # sequences per process and micro-step
 block_size = 1024  # the context length T, in tokens
-# model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too: operators.py)
+# model (its vocab_size is the data's; each op's controls, gamma_init ..., are settings too:
+# operators.py)
 n_layer = 12  # transformer blocks
 n_head = 12  # heads per block
 n_embd = 768  # the width C; each head has C / n_head dimensions
@@ -69,8 +72,8 @@ lr_decay_iters = None  # cosine decay to min_lr over this many steps; None: max_
 min_lr = 6e-5  # the learning rate at the end of the decay
 op_lr_scale = 1.0  # the operators' per-head scalars (γ, δ, α, β) learn at learning_rate × this
 # system
-device = "auto"  # auto: cuda > mps > cpu; or e.g. 'cpu', 'cuda:1' (torchrun: cuda, each process its own)
-dtype = "auto"  # auto: bfloat16 on sm_80+ GPUs, else float16 (with a grad scaler) on GPUs; float32 on CPU
+device = "auto"  # auto: cuda > mps > cpu; or cpu, cuda:1... (torchrun: cuda, one GPU per process)
+dtype = "auto"  # auto: bfloat16 on sm_80+ GPUs, else float16 (grad scaler) on GPUs; float32 on CPU
 compile = None  # torch.compile the model; None: on for CUDA, off elsewhere
 seed = 1337  # seeds the initial weights, the data order and dropout
 DEFAULTS = {k: v for k, v in globals().items()
@@ -79,8 +82,9 @@ DEFAULTS = {k: v for k, v in globals().items()
 
 
 def parse_config(argv):
-    """(cfg, given): train.py's settings and every op's controls (an op may be registered after this import),
-    after config files and --key=value, checked by support/settings.py's rules; given: the keys set."""
+    """(cfg, given): train.py's settings and every op's controls (an op may be registered after this
+    import), after config files and --key=value, checked by support/settings.py's rules; given: the
+    keys set."""
     help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
     return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
 
@@ -99,7 +103,8 @@ def get_lr(it, cfg):
 
 
 def corridor_summary(gamma, delta):
-    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0); per-layer mean γ, δ."""
+    """One console line: how many heads sit in the convex corridor γ ∈ (-1, 0); per-layer mean γ,
+    δ."""
     inside = ((gamma > -1) & (gamma < 0)).sum().item()
     means = enumerate(zip(gamma.mean(1), delta.mean(1)))
     layers = " ".join(f"L{i}:γ{g:+.2f}/δ{d:.2f}" for i, (g, d) in means)
@@ -107,16 +112,19 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, model_args, meta, ckpt):
-    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its settings but
-    dropout and impl, which model_args sets), or GPT-2's weights with the heads of model_args' op."""
+    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its
+    settings but dropout and impl, which model_args sets), or GPT-2's weights with the heads of
+    model_args' op."""
     if ckpt is None and cfg.init_from == "scratch":
-        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]  # GPT-2's: a multiple of 64
+        # GPT-2's: a multiple of 64
+        vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
     if ckpt is not None:
         model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
         settings.check_same_data(ckpt, meta, cfg.dataset)
         return model
-    settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)  # GPT-2 weights, heads of the chosen op
+    # GPT-2 weights, heads of the chosen op
+    settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
     model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
                                 dropout=model_args["dropout"], impl=model_args["impl"])
     if model_args["block_size"] < model.config.block_size:
@@ -125,10 +133,11 @@ def build_model(cfg, model_args, meta, ckpt):
 
 
 class Evaluation:
-    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val set (the
-    same tokens on every machine, for every seed, batch size and process count: dataloader.ValSet), in nats
-    per token and in bits per byte (which compares tokenizers); the train loss over the same eval_iters
-    sampled batches every time; HellaSwag's acc_norm when due; every head's (γ, δ)."""
+    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val
+    set (the same tokens on every machine, for every seed, batch size and process count:
+    dataloader.ValSet), in nats per token and in bits per byte (which compares tokenizers); the
+    train loss over the same eval_iters sampled batches every time; HellaSwag's acc_norm when due;
+    every head's (γ, δ)."""
 
     def __init__(self, cfg, run, data_dir, meta, vocab_size):
         self.cfg, self.run = cfg, run
@@ -188,7 +197,8 @@ class Evaluation:
 
 
 def log_train(run, **record):
-    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter, ...)."""
+    """A training step's console line and log record (iter, loss, grad_norm, lr, ms_per_iter,
+    ...)."""
     line = ("iter {iter}: loss {loss:.4f}, grad norm {grad_norm:.3f}, lr {lr:.2e}, "
             "{ms_per_iter:.1f} ms/iter, {tokens_per_s:,.0f} tok/s").format(**record)
     if record["mfu"]:
@@ -198,8 +208,9 @@ def log_train(run, **record):
 
 
 def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
-    """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed), the
-    device, the tokens per iteration and the model's size; and the val loss of unigram frequencies."""
+    """What nanoGPT prints before its loop: the settings that run (changed: those a resume changed),
+    the device, the tokens per iteration and the model's size; and the val loss of unigram
+    frequencies."""
     counted = meta.get("tokens")  # tokens per split, as prepare_data.py counted them
     if run.master and counted is not None and sum(counted.values()) < 1e8:  # quick enough to count
         run.say(f"unigram baseline: val loss {unigram_loss(data_dir, meta['vocab_size']):.4f} "
@@ -213,8 +224,9 @@ def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
 
 
 def finish(run, model, out_dir, iter_num, best_val_loss):
-    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's last
-    record, and out_dir unlocked, by the process that writes them; then each DDP process waits for all."""
+    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's
+    last record, and out_dir unlocked, by the process that writes them; then each DDP process waits
+    for all."""
     gamma, delta = model.gamma_delta()
     torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
     run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
@@ -222,39 +234,41 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
     if run.writes:
         run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
         rundir.unlock_run_dir(out_dir)
-    if run.ddp:  # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+    # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+    if run.ddp:
         torch.distributed.barrier()
 
 
 def train(cfg, ckpt, changed):
-    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir ----
-    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, block_size=cfg.block_size,
-                      bias=cfg.bias, dropout=cfg.dropout, op=cfg.op, impl=cfg.impl, gelu=cfg.gelu,
-                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # the op's (operators.py)
+    # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir
+    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                      block_size=cfg.block_size, bias=cfg.bias, dropout=cfg.dropout, op=cfg.op,
+                      impl=cfg.impl, gelu=cfg.gelu,
+                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # operators.py
     check_config(model_args)  # GPTConfig's checks, before any file or device is touched
-    run = start_process(cfg)  # this process: its rank, device, dtype and autocast context; DDP; the seed
-    data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the other processes waiting
+    run = start_process(cfg)  # this process: rank, device, dtype, autocast; DDP; the seed
+    data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the others waiting
     meta = load_meta(data_dir)
     model = build_model(cfg, model_args, meta, ckpt).to(run.dev)
-    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # micro-steps of this process
+    grad_accum = max(1, cfg.gradient_accumulation_steps // run.world_size)  # this process's
     tokens_per_iter = grad_accum * run.world_size * cfg.batch_size * cfg.block_size
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                           cfg.op_lr_scale)
-    if cfg.impl == "triton":  # the fused kernel, checked against float64 on this device before any step
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
+                                           (cfg.beta1, cfg.beta2), cfg.op_lr_scale)
+    if cfg.impl == "triton":  # the fused kernel, checked against float64 here before any step
         run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
-    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank, run.world_size,
-                               model.config.vocab_size, cfg.seed)
+    train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
+                               run.world_size, model.config.vocab_size, cfg.seed)
     evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
-    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the loop's counters
-    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # out_dir: lock, log
-    first_iter = iter_num  # where this run starts: a resumed run was evaluated there before it stopped
+    iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the counters
+    rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # lock, log
+    first_iter = iter_num  # a resumed run was evaluated there before it stopped
     del ckpt  # its memory (at GPT-2's scale, gigabytes of optimizer state)
     say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta)
-    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)  # torch.compile, DDP, a warm-up step
+    raw_model, model = model, compiled_wrapped_warmed(model, cfg, run)  # compile, DDP, warm-up
     scaler = torch.amp.GradScaler(run.device_type, enabled=(run.dtype == "float16"))
     peak = peak_flops(run.dev)  # the GPU's FLOP/s, for the MFU (None on CPUs)
 
-    # --- the training loop ----------------------------------------------------------------------------------
+    # --- the training loop -----------------------------------------------------------------------
     t0, timed_from = time.time(), iter_num  # the clock, and the iteration it started at
     while True:
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
@@ -264,18 +278,23 @@ def train(cfg, ckpt, changed):
             if run.writes and iter_num > 0:
                 write_ckpt_pt = val_loss < best_val_loss or cfg.always_save_checkpoint
                 best_val_loss = min(best_val_loss, val_loss)
-                checkpoint = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "model_args": asdict(raw_model.config), "iter_num": iter_num,
-                              "best_val_loss": best_val_loss, "tokens": tokens, "config": vars(cfg),
-                              "loader": train_loader.state_dict(), "meta": meta}
-                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # ckpt.pt if so; ckpt_NNNNNN.pt if due
+                checkpoint = {
+                    "model": raw_model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "model_args": asdict(raw_model.config),  # what GPT.from_checkpoint builds
+                    "iter_num": iter_num, "tokens": tokens, "best_val_loss": best_val_loss,
+                    "config": vars(cfg),  # every setting, as config.json shows them
+                    "loader": train_loader.state_dict(),  # where the data order goes on
+                    "meta": meta,  # the data's tokenizer: sample.py decodes from any folder
+                }
+                rundir.save_checkpoint(run, checkpoint, write_ckpt_pt)  # and ckpt_NNNNNN.pt if due
             t0, timed_from = time.time(), iter_num  # keep evaluation out of the speed measurement
         if iter_num >= cfg.max_iters or cfg.eval_only:
             break
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:  # the operators' scalars: lr × op_lr_scale
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        # dropout depends only on (seed, iteration, rank): a resumed run draws what an uninterrupted one would
+        # dropout depends only on (seed, iteration, rank): a resumed run draws as an unbroken one would
         torch.manual_seed(cfg.seed + 1000003 * iter_num + run.rank)
         loss_sum = 0.0
         for micro_step in range(grad_accum):
@@ -287,8 +306,8 @@ def train(cfg, ckpt, changed):
                 loss = loss / grad_accum  # the mean over micro-steps
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them), to measure and clip
-        # the norm before clipping, logged: its spikes warn of instability (max_norm=inf: measure, never clip)
+        scaler.unscale_(optimizer)  # the true gradients (fp16's scaler multiplies them)
+        # the norm before clipping, logged: its spikes warn of instability (grad_clip=0: never clip)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         scaler.step(optimizer)
         scaler.update()
@@ -296,7 +315,7 @@ def train(cfg, ckpt, changed):
         optimizer.zero_grad(set_to_none=True)
         iter_num, tokens = iter_num + 1, tokens + tokens_per_iter
         if iter_num % cfg.log_interval == 0 or iter_num == cfg.max_iters:
-            dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration since the last line
+            dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per iteration, lately
             mean_loss = loss_sum.item()  # .item() waits for the GPU: only at log lines
             rundir.stop_if_not_finite("the training loss", mean_loss, iter_num, cfg.out_dir)
             log_train(run, iter=iter_num, tokens=tokens, loss=mean_loss, lr=lr, grad_norm=grad_norm.item(),
@@ -304,7 +323,7 @@ def train(cfg, ckpt, changed):
                       mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
             t0, timed_from = time.time(), iter_num
 
-    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # the heads' final γ and δ; the log's end
+    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # final γ and δ; the log's end
     return raw_model
 
 
@@ -314,10 +333,11 @@ def main(argv=None):
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
         args, given = parse_config(sys.argv[1:] if argv is None else argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
-    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # our checks, kernel.py's torch, I/O
+    except (ValueError, ImportError, FloatingPointError, OSError) as e:  # ours, kernel.py's, I/O
         sys.exit(exit_status(e))
     except KeyboardInterrupt:
-        sys.exit(rundir.interrupted(args))  # says how to go on: resume from the checkpoint, or run it again
+        # says how to go on: resume from the checkpoint, or run it again
+        sys.exit(rundir.interrupted(args))
     finally:
         rundir.unlock_run_dirs()  # however the run ended: out_dir is free again
         end_process()  # the DDP group goes at every exit, error or not

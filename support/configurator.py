@@ -3,11 +3,12 @@ The configurator: nanoGPT's way of setting things, with every value checked wher
 
     python train.py config/train_demo.py --op=attention --max_iters=500
 
-Settings start at a script's defaults; config files (Python that assigns names), then --key=value arguments
-(text settings as typed, the rest Python literals) override them. Each is checked once, here: an unknown key
-gets "did you mean", a bad value one line naming the key and what it allows. Scripts read cfg.learning_rate.
---help prints the script's docstring, then every setting with its default and the comment beside it.
-It opens with open_regular, the one way every script opens a file it parses or writes (config files too).
+Settings start at a script's defaults; config files (Python that assigns names), then --key=value
+arguments (text settings as typed, the rest Python literals) override them. Each is checked once,
+here: an unknown key gets "did you mean", a bad value one line naming the key and what it allows.
+Scripts read cfg.learning_rate. --help prints the script's docstring, then every setting with its
+default and the comment beside it. It opens with open_regular, the one way every script opens a file
+it parses or writes (config files too).
 """
 import difflib
 import errno
@@ -16,6 +17,7 @@ import io
 import math
 import numbers
 import os
+import re
 import stat
 import sys
 import tokenize
@@ -27,9 +29,15 @@ class ConfigError(ValueError):
     """A bad setting, explained in one line that says what to do."""
 
 
-def require_torch(version):  # one line, not a traceback from inside torch
-    if tuple(int(n) for n in version.split(".")[:2]) < (2, 6):
-        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {version}: pip install -U torch")
+def version(text):
+    """(major, minor) of a version string: "2.6.0+cu124" -> (2, 6)."""
+    return tuple(int(n) for n in re.findall(r"\d+", text)[:2])
+
+
+def require_torch(torch_version):  # one line, not a traceback from inside torch
+    if version(torch_version) < (2, 6):
+        raise ConfigError(f"nanoCorridor needs torch >= 2.6, this is torch {torch_version}: "
+                          "pip install -U torch")
 
 
 def why(e):
@@ -38,14 +46,16 @@ def why(e):
 
 
 # -----------------------------------------------------------------------------
-# Every file we parse or write is opened here. A folder someone hands us (a dataset, a run directory) may hold
-# a link to /dev/zero (reads forever), a FIFO (blocks forever) or a link to a file a write would overwrite: so
-# the open follows no final symbolic link (O_NOFOLLOW), waits on no FIFO (O_NONBLOCK), and must find a regular
-# file. Folders on the way are followed: the user named them (data/ may well live on another disk).
+# Every file we parse or write is opened here. A folder someone hands us (a dataset, a run
+# directory) may hold a link to /dev/zero (reads forever), a FIFO (blocks forever) or a link to a
+# file a write would overwrite: so the open follows no final symbolic link (O_NOFOLLOW), waits on no
+# FIFO (O_NONBLOCK), and must find a regular file. Folders on the way are followed: the user named
+# them (data/ may well live on another disk).
 
 SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
-              "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,  # read and append, creating it if missing (a lock)
+              # read and append, creating it if missing (a lock)
+              "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
               "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
 KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
                  stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
@@ -63,14 +73,16 @@ def refuse_unless_regular(path):
 
 
 def open_regular(path, mode="rb", encoding=None):
-    """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb" reads, "ab+"
-    reads and appends, creating it, "wb" creates it anew (removing a stale one); encoding: a text file."""
+    """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb"
+    reads, "ab+" reads and appends, creating it, "wb" creates it anew (removing a stale one);
+    encoding: a text file."""
     if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
         os.remove(path)  # removes a link itself, never what it points to
     try:
         fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
     except OSError as e:
-        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)  # a link, a folder
+        # a link, a folder
+        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
         if e.errno in refused and os.path.lexists(path):
             raise not_regular(path, os.lstat(path).st_mode) from None
         raise
@@ -83,8 +95,9 @@ def open_regular(path, mode="rb", encoding=None):
 
 
 def read_regular(path, limit):
-    """The bytes of the regular file path (as open_regular), refusing one larger than limit bytes: for small
-    metadata files, which a file of gigabytes could otherwise make us read until memory runs out."""
+    """The bytes of the regular file path (as open_regular), refusing one larger than limit bytes:
+    for small metadata files, which a file of gigabytes could otherwise make us read until memory
+    runs out."""
     with open_regular(path) as f:
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -94,7 +107,8 @@ def read_regular(path, limit):
 
 
 # -----------------------------------------------------------------------------
-# Rules: what a setting allows beyond the type of its default. Each is a function (key, value) -> value.
+# Rules: what a setting allows beyond the type of its default. Each is a function (key, value) ->
+# value.
 
 def requires(allowed, says):
     def rule(key, value):
@@ -116,8 +130,8 @@ def in_range(low, high):
     return requires(lambda value: low <= value < high, f"it must be in [{low}, {high})")
 
 
-# a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's per-iteration seeds
-# (seed + 1000003 × iter + rank) stay within the 64 bits torch.manual_seed takes
+# a random seed, as train.py and sample.py take it: any 32-bit value, so that train.py's
+# per-iteration seeds (seed + 1000003 × iter + rank) stay within the 64 bits torch.manual_seed takes
 SEED = in_range(0, 2**32)
 
 
@@ -128,7 +142,8 @@ def nonempty(key, value):
 
 
 def optional(kind, rule=None):
-    """None, or a value of type kind (that passes rule), whatever the default (sample.py's top_k=None)."""
+    """None, or a value of type kind (that passes rule), whatever the default (sample.py's
+    top_k=None)."""
     def check(key, value):
         if value is None:
             return None
@@ -143,7 +158,8 @@ KINDS = {int: "an integer", float: "a number", bool: "True or False", str: "text
 
 def typed(key, value, kind):
     if kind in (int, float) and isinstance(value, numbers.Real) and not isinstance(value, bool):
-        if kind is float or isinstance(value, numbers.Integral):  # 1 where 1.0 is meant, numpy's numbers too
+        # 1 where 1.0 is meant, numpy's numbers too
+        if kind is float or isinstance(value, numbers.Integral):
             value = kind(value)
     if type(value) is not kind:
         raise ConfigError(f"{key}={value!r} is not allowed: it must be {KINDS.get(kind, kind.__name__)}")
@@ -164,22 +180,26 @@ def check(key, value, defaults, rules):
 
 
 def parse_value(text, default):
-    try:  # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a name
+    # a text setting takes the text as typed: --text='"a"' keeps its quotes, --out_dir=2024 is a
+    # name
+    try:
         return text if isinstance(default, str) else literal_eval(text)
     except (SyntaxError, ValueError, TypeError):
         return text  # a bare word, or not a value: {[1]: 2}
 
 
 def configure(defaults, argv, rules=None, files=True, help_from=()):
-    """Defaults, then config files (when files=True), then --key=value, whatever their order in argv. Returns
-    (cfg, given): the settings as attributes, and the set of keys a config file or the command line set.
-    help_from: (prefix, module or class) pairs whose source sets the defaults, for --help (see comments)."""
+    """Defaults, then config files (when files=True), then --key=value, whatever their order in
+    argv. Returns (cfg, given): the settings as attributes, and the set of keys a config file or the
+    command line set. help_from: (prefix, module or class) pairs whose source sets the defaults, for
+    --help (see comments)."""
     rules = rules or {}
     if "-h" in argv or "--help" in argv:
         print_help(defaults, help_from)
         sys.exit(0)
     given = {}  # key -> its checked value, for every key a config file or the command line sets
-    for arg in argv:  # first: `--max_iters 5` is one setting without its value, not a config file named 5
+    # first: `--max_iters 5` is one setting without its value, not a config file named 5
+    for arg in argv:
         if arg.startswith("--") and "=" not in arg:
             raise ConfigError(f"argument {arg!r} must look like --key=value, with '=' and no space: "
                               f"{arg}=VALUE")
@@ -194,16 +214,18 @@ def configure(defaults, argv, rules=None, files=True, help_from=()):
 
 
 def comments(source):
-    """{name: the comment beside its default} in the source of a module or class, and of the classes a class
-    inherits from its own module (its own comment first): the lines that start with a name and = or :
-    (`name = value  # ...`, `name=value,  # ...` in a dict, `name: type = value  # ...`)."""
+    """{name: the comment beside its default} in the source of a module or class, and of the classes
+    a class inherits from its own module (its own comment first): the lines that start with a name
+    and = or : (`name = value # ...`, `name=value, # ...` in a dict, `name: type = value # ...`)."""
     found, parts = {}, [source]
-    if inspect.isclass(source):  # an operator's controls may be declared by the class it inherits from
+    # an operator's controls may be declared by the class it inherits from
+    if inspect.isclass(source):
         parts = [c for c in source.__mro__ if c.__module__ == source.__module__]
     for part in parts:
         try:
             lines = inspect.getsourcelines(part)[0]
-        except (OSError, TypeError):  # defined where no source file is (an operator made in a notebook, say)
+        except (OSError, TypeError):
+            # defined where no source file is (an operator made in a notebook, say)
             continue
         line = []
         for tok in tokenize.generate_tokens(iter(lines).__next__):
@@ -211,15 +233,16 @@ def comments(source):
                 line = []
             elif tok.type == tokenize.COMMENT:
                 if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
-                    found.setdefault(line[0].string, tok.string.lstrip("#").strip())  # the first: the default
+                    # the first: the default
+                    found.setdefault(line[0].string, tok.string.lstrip("#").strip())
             elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
                 line.append(tok)
     return found
 
 
 def print_help(defaults, help_from):
-    """The script's docstring (how to run it), then one line per setting: its default and what it does, the
-    comment beside that default (prefixed, e.g. '(op=mix) ', by where it comes from)."""
+    """The script's docstring (how to run it), then one line per setting: its default and what it
+    does, the comment beside that default (prefixed, e.g. '(op=mix) ', by where it comes from)."""
     said = {}  # name -> {comment: the prefixes of the sources that say it}
     for prefix, source in help_from:
         for name, comment in comments(source).items():
@@ -245,7 +268,8 @@ def read_config_file(path):
     with f:
         try:
             exec(f.read(), scope)
-        except (Exception, SystemExit) as e:  # a config file that crashes, or exits, is a bad config file
+        except (Exception, SystemExit) as e:
+            # a config file that crashes, or exits, is a bad config file
             if path.endswith(".json"):  # a run's config.json, say
                 raise ConfigError(f"config file {path} is JSON, but config files are Python (like "
                                   "config/train_demo.py); a run's own settings resume with "

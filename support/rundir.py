@@ -13,7 +13,6 @@ Every file is written to a fresh temporary name and renamed, so a crash or a ful
 a broken one. A run directory may come from someone else: nothing here follows a symbolic link or
 opens a FIFO or device, and a checkpoint is checked against the model before use."""
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -207,18 +206,10 @@ def interrupted(cfg):
             "run the same command again")
 
 
-# what a checkpoint holds, and the type of each entry: checked before anything uses it
-CHECKPOINT = {
-    "model": dict,
-    "optimizer": dict,
-    "model_args": dict,
-    "iter_num": int,
-    "best_val_loss": float,
-    "tokens": int,
-    "loader": dict,
-    "meta": dict,
-    "config": dict,
-}
+# what a checkpoint holds (train.py's dict `checkpoint`)
+CHECKPOINT = (
+    "model", "optimizer", "model_args", "iter_num", "best_val_loss", "tokens", "loader", "meta", "config",
+)
 
 
 def load_checkpoint(path):
@@ -226,100 +217,69 @@ def load_checkpoint(path):
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     with open_regular(path) as f:
-        try:  # weights_only: a checkpoint holds tensors, numbers, strings and dicts, never code to run
+        try:  # weights_only: tensors, numbers, strings and dicts, never code to run
             ckpt = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): it is "
-                              "corrupt, not a nanoCorridor checkpoint, or carries code") from None
+            raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): "
+                              "it is corrupt, not a nanoCorridor checkpoint, or carries code") from None
     missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
-    if missing:
+    if missing:  # another version's file, or not a checkpoint at all
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
                           "it was not written by this train.py")
-    wrong = [k for k, kind in CHECKPOINT.items()
-             if not isinstance(ckpt[k], kind) or isinstance(ckpt[k], bool)]  # a bool is no count
-    if wrong or not {"epoch", "shard", "pos"} <= set(ckpt["loader"]) or "init_from" not in ckpt["config"]:
-        named = ", ".join(wrong) or "loader, config"
-        raise ConfigError(f"checkpoint {path} has entries this train.py did not write ({named}); "
-                          "it comes from another version or was edited")
-    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json", "it was not written by this train.py")
-    if ckpt["iter_num"] < 0 or ckpt["tokens"] < 0 or not ckpt["best_val_loss"] >= 0:  # inf: none saved yet
-        counts = ", ".join(f"{k}={ckpt[k]}" for k in ("iter_num", "tokens", "best_val_loss"))
-        raise ConfigError(f"checkpoint {path} has {counts}: counts and losses are never negative (nor NaN); "
-                          "it was edited")
-    weights = ckpt["model"].items()  # checked_model checks their names and shapes
-    not_finite = [k for k, t in weights if isinstance(t, torch.Tensor) and not torch.isfinite(t).all()]
-    if not_finite:
-        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in {few(not_finite)}); "
-                          "use an earlier checkpoint of the run")
+    check_meta(ckpt["meta"], f"checkpoint {path}'s copy of meta.json",
+               "it was not written by this train.py")
+    check_sizes(ckpt["model_args"], ckpt["model"])
+    weights = ckpt["model"].items()  # GPT.from_checkpoint checks their names and shapes
+    not_finite = [k for k, t in weights if not torch.isfinite(t).all()]
+    if not_finite:  # a run that diverged between two evaluations
+        raise ConfigError(f"the checkpoint's weights are not finite (NaN or inf in "
+                          f"{few(not_finite)}); use an earlier checkpoint of the run")
     return ckpt
 
 
-def checked_model(GPT, GPTConfig, ckpt, changes):
-    """model.py's GPT that a loaded checkpoint holds: its model_args but changes (the caller's own settings),
-    its weights loaded strictly; what does not fit this code is one ValueError line."""
-    saved = {k: v for k, v in ckpt["model_args"].items() if k not in changes}  # the file's own settings
-    try:
-        config = GPTConfig(**saved)  # a bad one: the file is damaged or from elsewhere
-    except (TypeError, ValueError, AttributeError) as e:  # AttributeError: controls that are no dict
-        raise ValueError(unfit(e)) from None
-    config = dataclasses.replace(config, **changes)  # a bad change gets GPTConfig's line: it is the caller's
-    try:
-        for device in ("meta", "cpu"):  # every name and shape first, in no memory: a file may claim more
-            with torch.device(device):
-                model = GPT(config)
-            model.load_state_dict({k: t.to(device) if isinstance(t, torch.Tensor) else t
-                                   for k, t in ckpt["model"].items()}, strict=True)
-    except RuntimeError as e:
-        raise ValueError(unfit(e)) from None
-    return model
+SIZES = ("vocab_size", "block_size", "n_embd", "n_layer")  # what a model's memory grows with
 
 
-def unfit(e):
-    message = " ".join(str(e).split())  # load_state_dict lists what is missing or mis-shaped, a line each
-    return (f"the checkpoint does not fit this code ({type(e).__name__}: {message[:300]}); it comes from "
-            "another version or was edited")
+def check_sizes(args, weights):
+    """The sizes model_args claim against the shapes of the weights, before any model is built (a
+    file that claims far more than it holds would take minutes and gigabytes to build): the
+    embeddings give vocab_size, block_size and n_embd, the blocks' names n_layer."""
+    embeddings = ("transformer.wte.weight", "transformer.wpe.weight")
+    held = [tuple(weights[k].shape) if k in weights else None for k in embeddings]
+    held.append(len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")}))
+    vocab_size, block_size, n_embd, n_layer = (args.get(k) for k in SIZES)
+    claimed = [(vocab_size, n_embd), (block_size, n_embd), n_layer]
+    if held != claimed:
+        raise ConfigError(f"the checkpoint does not fit this code (model_args give wte, wpe, "
+                          f"blocks {claimed}, its weights {held}); it comes from another version or "
+                          "was edited")
 
 
 def few(names):
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-def adamw_entry_fits(entry, param, iter_num):
-    """Whether one parameter's saved AdamW state is a step count in [0, iter_num] and two finite moments
-    shaped like the parameter (exp_avg_sq ≥ 0): what the fused optimizer assumes without checking."""
-    if not (isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}):  # amsgrad: off
-        return False
-    step, moments = entry["step"], (entry["exp_avg"], entry["exp_avg_sq"])
-    return (all(isinstance(m, torch.Tensor) and m.layout == torch.strided and m.is_floating_point()
-                and m.shape == param.shape and m.is_contiguous() for m in moments)
-            and isinstance(step, torch.Tensor) and step.shape == ()
-            and (step.is_floating_point() or step.dtype == torch.int64)
-            and 0 <= step.item() <= iter_num and step.item() == int(step.item())
-            and all(torch.isfinite(m).all() for m in moments) and bool((moments[1] >= 0).all()))
-
-
 def load_optimizer_state(optimizer, ckpt):
-    """Restore AdamW's moments, each checked first (a wrong shape crashes the fused optimizer); the param
-    groups keep this run's settings (weight decay, betas, lr_scale), not the saved ones."""
+    """Restore AdamW's moments, each checked first against its parameter's shape (another version's
+    parameters in another order would crash the fused optimizer); the param groups keep this run's
+    settings (weight decay, betas, lr_scale), not the saved ones."""
     saved, built = ckpt["optimizer"], optimizer.state_dict()
-    state, groups = saved.get("state"), saved.get("param_groups")
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    same_groups = isinstance(groups, list) and all(isinstance(g, dict) for g in groups) and \
-        [g.get("params") for g in groups] == [g["params"] for g in built["param_groups"]]
-    if not (isinstance(state, dict) and same_groups):
-        raise ConfigError("the checkpoint's optimizer state does not fit this model (other parameter "
-                          "groups); it comes from another version or was edited")
-    for i, entry in state.items():  # keyed by the parameter's place in the groups
-        known = type(i) is int and 0 <= i < len(params)
-        if not (known and adamw_entry_fits(entry, params[i], ckpt["iter_num"])):
-            raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry of "
-                              f"parameter {i!r} must hold a step in [0, iter_num] and two finite moments "
-                              "shaped like the parameter); it comes from another version or was edited")
-    optimizer.load_state_dict({"state": state, "param_groups": built["param_groups"]})
+    if [g["params"] for g in saved["param_groups"]] != [g["params"] for g in built["param_groups"]]:
+        raise ConfigError("the checkpoint's optimizer state does not fit this model (other "
+                          "parameter groups); it comes from another version")
+    for i, entry in saved["state"].items():  # keyed by the parameter's place in the groups
+        moments = [entry.get(k) for k in ("exp_avg", "exp_avg_sq")]
+        if not (i < len(params) and all(m is not None and m.shape == params[i].shape for m in moments)):
+            raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry "
+                              f"of parameter {i!r} must hold two moments shaped like the parameter); "
+                              "it comes from another version")
+    optimizer.load_state_dict({"state": saved["state"], "param_groups": built["param_groups"]})
 
 
 def restore(ckpt, optimizer, train_loader):
-    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped, optimizer and loader restored."""
+    """(iter_num, tokens, best_val_loss) where the checkpoint's run stopped; optimizer and loader
+    restored."""
     if ckpt is None:
         return 0, 0, float("inf")
     load_optimizer_state(optimizer, ckpt)

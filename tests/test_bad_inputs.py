@@ -629,19 +629,22 @@ class RunsCode:
         return (os.mkdir, ("pwned",))
 
 
-GOOD = {"model": {}, "optimizer": {}, "model_args": {}, "iter_num": 2, "best_val_loss": 4.0, "tokens": 64,
+# QUICK's model, and the sizes its weights (a few of them) hold
+SIZES = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 256}
+WEIGHTS = {"transformer.wte.weight": torch.zeros(256, 32), "transformer.wpe.weight": torch.zeros(16, 32),
+           "transformer.h.0.ln_1.weight": torch.ones(32)}
+GOOD = {"model": WEIGHTS, "optimizer": {}, "model_args": SIZES, "iter_num": 2, "best_val_loss": 4.0,
+        "tokens": 64,
         "loader": {"epoch": 0, "shard": 0, "pos": 8}, "meta": {"tokenizer": "byte", "vocab_size": 256},
         "config": {"init_from": "scratch"}}
 
 
 @pytest.mark.parametrize("content, words", [
     (b"not a checkpoint", "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "),
-    ({**GOOD, "iter_num": "2"}, "has entries this train.py did not write (iter_num)"),
-    ({**GOOD, "iter_num": True}, "has entries this train.py did not write (iter_num)"),  # a bool is no count
-    ({**GOOD, "loader": {"epoch": 0}}, "has entries this train.py did not write (loader, config)"),
-    ({**GOOD, "model_args": {"n_layer": 1, "bogus": 2}}, "the checkpoint does not fit this code (TypeError"),
-    ({**GOOD, "model_args": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 103},
-      "meta": None}, "has entries this train.py did not write (meta)"),
+    ({**GOOD, "model_args": {**SIZES, "bogus": 2}}, "the checkpoint does not fit this code (TypeError"),
+    ({**GOOD, "model_args": {**SIZES, "n_layer": 100_000}},
+     "the checkpoint does not fit this code (model_args give wte, wpe, blocks [(256, 32), (16, 32), "
+     "100000], its weights [(256, 32), (16, 32), 1]); it comes from another version or was edited"),
     ({"model": {}}, "lacks best_val_loss, config, iter_num, loader, meta, model_args, optimizer"),
     ({"model": RunsCode()}, "cannot be read safely (UnpicklingError): it is corrupt, not a nanoCorridor "
                             "checkpoint, or carries code"),
@@ -657,8 +660,6 @@ def test_bad_checkpoints(workdir, content, words):
 
 @pytest.mark.parametrize("content, words", [
     (5, "lacks best_val_loss, config, iter_num, loader, meta, model, model_args, optimizer, tokens"),
-    ({**GOOD, "config": {}}, "has entries this train.py did not write (loader, config)"),
-    ({**GOOD, "iter_num": 2.0, "tokens": True}, "has entries this train.py did not write (iter_num, tokens)"),
 ])
 def test_checkpoint_entries_are_checked_before_use(workdir, content, words):
     torch.save(content, "ckpt.pt")
@@ -669,7 +670,7 @@ def test_checkpoint_entries_are_checked_before_use(workdir, content, words):
 
 def test_a_good_checkpoint_loads_and_a_directory_is_none(workdir):
     torch.save(GOOD, "ckpt.pt")
-    assert rundir.load_checkpoint("ckpt.pt") == GOOD
+    assert rundir.load_checkpoint("ckpt.pt").keys() == GOOD.keys()
     os.makedirs("run/ckpt.pt")
     with pytest.raises(ConfigError) as e:
         rundir.load_checkpoint("run/ckpt.pt")

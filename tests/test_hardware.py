@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT
+import model
+from helpers import QUICK, ROOT, run_argv, workdir  # noqa: F401 (a fixture)
 from support.configurator import ConfigError
 from support.hardware import Run, join_group, peak_flops
 
@@ -130,3 +131,19 @@ def test_an_nccl_error_at_the_start_of_the_group_is_one_line(monkeypatch):
                             "ProcessGroupNCCL.cpp:1970, unhandled cuda error); check MASTER_ADDR, choose a "
                             "free MASTER_PORT and, on CPUs, check GLOO_SOCKET_IFNAME (a network interface "
                             "here)")
+
+
+def test_bfloat16_on_a_cpu_runs_under_autocast_in_bfloat16(workdir, monkeypatch, capsys):
+    """dtype=bfloat16 on a CPU: the forward computes in bfloat16 (autocast), as the start line says; the
+    default there is float32, without autocast."""
+    seen = []
+    qkv = model.CausalSelfAttention.qkv
+    monkeypatch.setattr(model.CausalSelfAttention, "qkv",
+                        lambda self, x: seen.append(qkv(self, x)[0].dtype) or qkv(self, x))
+    run_argv(QUICK + ["--val_tokens=64", "--dtype=bfloat16", "--out_dir=out/bf16"])
+    assert "device cpu, dtype bfloat16," in capsys.readouterr().out
+    assert seen and set(seen) == {torch.bfloat16}  # every forward: the warm-up, the steps, the evaluations
+    seen.clear()
+    run_argv(QUICK + ["--val_tokens=64", "--out_dir=out/fp32"])
+    assert "device cpu, dtype float32," in capsys.readouterr().out
+    assert seen and set(seen) == {torch.float32}

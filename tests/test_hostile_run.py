@@ -190,13 +190,7 @@ def set_state(key, value):
 
 
 @pytest.mark.parametrize("edit, words", [
-    (set_state("step", torch.tensor(-1.0)), "the entry of parameter 1 "),
-    (set_state("step", torch.tensor(1e9)), "the entry of parameter 1 "),  # more steps than iterations
-    (set_state("exp_avg_sq", torch.full((16, 32), -1.0)), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.full((16, 32), float("nan"))), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.zeros(16, 32, dtype=torch.int64)), "the entry of parameter 1 "),
-    (set_state("exp_avg", torch.zeros(1).expand(16, 32)), "the entry of parameter 1 "),  # overlapping memory
-    (set_state("max_exp_avg_sq", torch.zeros(16, 32)), "the entry of parameter 1 "),
+    (set_state("exp_avg", torch.zeros(32, 16)), "the entry of parameter 1 "),  # another order
     (lambda ckpt: ckpt["optimizer"]["state"].update({99: {}}), "the entry of parameter 99 "),
     (lambda ckpt: ckpt["optimizer"]["param_groups"].pop(), "other parameter groups"),
 ])
@@ -216,17 +210,15 @@ WPE = "transformer.wpe.weight"
 
 @pytest.mark.parametrize("edit, words", [
     (lambda c: break_weights(c, WPE, torch.full((16, 32), float("nan"))), "not finite (NaN or inf in " + WPE),
-    (lambda c: break_weights(c, WPE, torch.zeros(8, 32)), "size mismatch for " + WPE),
-    (lambda c: c["model"].pop(WPE), f'Missing key(s) in state_dict: "{WPE}"'),
+    (lambda c: break_weights(c, WPE, torch.zeros(8, 32)), "its weights [(103, 32), (8, 32), 1]"),
+    (lambda c: c["model"].pop(WPE), "its weights [(103, 32), None, 1]"),
+    (lambda c: c["model"].pop("lm_head.weight"), 'Missing key(s) in state_dict: "lm_head.weight"'),
     (lambda c: break_weights(c, "extra.weight", torch.zeros(1)),
      'Unexpected key(s) in state_dict: "extra.weight"'),
     (lambda c: c["model_args"].update(bogus=1), "does not fit this code (TypeError"),
     (lambda c: c["model_args"]["controls"].update(bogus=1), "bogus is not a control of op='mix'"),
     (lambda c: c["model_args"]["controls"].update(gamma_init=None),
-     "does not fit this code (ValueError: gamma_init=None is not allowed: it must be a finite number)"),
-    (lambda c: c["model_args"].update(controls=[1]), "does not fit this code (AttributeError"),
-    (lambda c: c["model_args"]["controls"].update(gamma_init="x"),
-     "does not fit this code (ValueError: gamma_init='x' is not allowed: it must be a finite number)"),
+     "error: gamma_init=None is not allowed: it must be a finite number"),
     (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
 ])
 @pytest.mark.slow
@@ -238,11 +230,17 @@ def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finishe
 
 
 @pytest.mark.skipif(os.name == "nt", reason="reads the peak memory with the POSIX module resource")
+@pytest.mark.parametrize("claim, words", [
+    ({"n_embd": 8192}, "give wte, wpe, blocks [(103, 8192), (16, 8192), 1], its weights [(103, 32), "),
+    ({"n_layer": 100_000}, "give wte, wpe, blocks [(103, 32), (16, 32), 100000], its weights [(103, "),
+])
 @pytest.mark.parametrize("script", ["sample.py", pytest.param("train.py", marks=pytest.mark.slow)])
-def test_a_checkpoint_claiming_a_far_larger_model_is_refused_before_it_is_built(finished_run, script):
-    """model_args edited to claim 0.8 GB of weights (n_embd 4096, not 32) that the file does not hold: the
-    shapes are compared before any memory is taken for the model, so the peak stays that of the run's own
-    tiny model (measured first, in the same environment: torch's imports alone vary between installs)."""
+def test_a_checkpoint_claiming_a_far_larger_model_is_refused_before_it_is_built(finished_run, script, claim,
+                                                                                words):
+    """model_args edited to claim far more than the file's tiny weights (n_embd 8192: 3 GB of weights;
+    100,000 blocks: minutes of building and gigabytes): the sizes are compared with the weights' shapes
+    before any model is built, so the peak stays that of the run's own tiny model (measured first, in the
+    same environment: torch's imports alone vary between installs)."""
     args = [f"--out_dir={finished_run}"] + (["--eval_only=True"] if script == "train.py" else
                                             ["--num_samples=1", "--max_new_tokens=1"])
     path = os.path.join(ROOT, script)
@@ -250,15 +248,14 @@ def test_a_checkpoint_claiming_a_far_larger_model_is_refused_before_it_is_built(
             f"try:\n    runpy.run_path({path!r}, run_name='__main__')\n"
             "finally:\n    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)")  # KiB -> MiB
     def peak():
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "OMP_NUM_THREADS": "1"})
         return p, int(p.stdout.split()[-1])
     own = peak()[1]
-    edit_checkpoint(finished_run, lambda c: c["model_args"].update(n_embd=4096))
+    edit_checkpoint(finished_run, lambda c: c["model_args"].update(claim))
     p, claimed = peak()
-    assert_one_line(p, "does not fit this code (RuntimeError: Error(s) in loading state_dict for GPT: size "
-                       "mismatch for transformer.wte.weight")
-    assert claimed < own + 300, (own, claimed)  # MiB; building the claimed model would add some 600 more
+    assert_one_line(p, f"does not fit this code (model_args {words}")
+    assert claimed < own + 300, (own, claimed)  # MiB; building either claimed model takes gigabytes more
 
 
 @pytest.mark.slow
@@ -300,13 +297,6 @@ def test_the_optimizer_state_of_the_last_parameter_is_taken_and_one_past_it_refu
     edit_checkpoint(finished_run, lambda ckpt: ckpt["optimizer"]["state"].pop(last + 1))
     train.main(QUICK + [f"--out_dir={finished_run}", *RESUME])  # up to the last parameter's entry: taken
     assert torch.load(f"{finished_run}/ckpt.pt", weights_only=True)["iter_num"] == 4
-
-
-@pytest.mark.parametrize("entry, value", [("iter_num", -1), ("tokens", -64), ("best_val_loss", float("nan"))])
-def test_impossible_counts_are_refused(finished_run, entry, value):
-    edit_checkpoint(finished_run, lambda ckpt: ckpt.update({entry: value}))
-    line = train_error(f"--out_dir={finished_run}", *RESUME)
-    assert "counts and losses are never negative (nor NaN)" in line
 
 
 # --- sample.py's and model.py's settings --------------------------------------------------------------------

@@ -935,6 +935,35 @@ def test_add_your_own_operator(workdir, request, capsys):
     assert read_log("out/gate", "eval")[-1]["val_loss"] < read_log("out/gate", "eval")[0]["val_loss"]
 
 
+def test_an_op_defined_again_under_its_name_is_the_new_class(workdir, request, capsys):
+    """A notebook cell that registers an op, edited and run again: the name means the new class, for the
+    model, the settings train.py takes and --help."""
+    def cell(control):  # the cell as first written, then edited
+        @register_op("edited")
+        class Edited(HeadOperator):
+            controls = {control: 0.0}  # every head's a at the start
+
+            def __init__(self, n_head, **controls):
+                super().__init__(n_head)
+                self.scalar(control, controls[control])
+                self.scalar("b", 1.0)
+
+            def coefficients(self):
+                return getattr(self, control), self.b
+        return Edited
+    request.addfinalizer(lambda: OPS.pop("edited"))
+    cell("old_init")
+    new = cell("new_init")
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    assert "--new_init=0.0" in capsys.readouterr().out
+    model = run("--op=edited", "--new_init=0.5", "--max_iters=2", "--eval_interval=2", "--out_dir=out/e")
+    assert all(type(op) is new for op in model.head_operators())
+    assert read_log("out/e", "eval")[0]["gamma"] == [[0.5, 0.5]] * 2  # γ = a/b at the start
+    with pytest.raises(ValueError, match="unknown setting 'old_init'"):
+        parse_config(["--op=edited", "--old_init=0.5"])
+
+
 def test_sample_decodes_text_from_any_directory(workdir, capsys, monkeypatch):
     import sample
     run("--max_iters=4", "--eval_interval=4", "--out_dir=out/s")
