@@ -17,7 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 
 import sample
+import train
 from model import GPT
+from support import settings
 from support.configurator import ConfigError
 from helpers import FakeHub, one_line_error, workdir  # noqa: F401 (workdir is a fixture)
 
@@ -136,6 +138,35 @@ def test_the_hub_out_of_reach_is_one_line(saved, tmp_path, monkeypatch):
     assert one_line_error(sample.main, ["--init_from=gpt2", "--max_new_tokens=1"]) == (
         "error: could not load 'gpt2' from the Hugging Face hub (LocalEntryNotFoundError); offline, pass a "
         "local directory saved with save_pretrained instead")
+
+
+# each hub GPT-2's sizes, as its config.json on the hub gives them (n_positions = 1024 for all four)
+HUB_SIZES = {"gpt2": dict(n_layer=12, n_head=12, n_embd=768),
+             "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),
+             "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),
+             "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600)}
+
+
+def fine_tune_settings(init_from):
+    """The model settings train.py works out for a fine-tune from init_from, before any weight is read."""
+    cfg = settings.work_out(*train.parse_config([f"--init_from={init_from}"]), train.DEFAULTS)[0]
+    return {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size")}
+
+
+@pytest.mark.parametrize("name", HUB_SIZES)
+def test_a_fine_tune_of_a_hub_gpt2_runs_its_own_sizes(workdir, monkeypatch, name):
+    monkeypatch.setitem(vars(__import__("huggingface_hub")), "hf_hub_download", None)  # nothing downloaded
+    assert fine_tune_settings(name) == {**HUB_SIZES[name], "block_size": 1024}
+
+
+def test_a_local_folder_named_gpt2_is_that_folder_with_its_own_context(workdir, monkeypatch):
+    """Not the hub's gpt2: its sizes and its n_positions (64, not 1024) run, and nothing is downloaded."""
+    hf = tiny_gpt2()
+    hf.save_pretrained("gpt2")
+    monkeypatch.setitem(vars(__import__("huggingface_hub")), "hf_hub_download", None)
+    assert fine_tune_settings("gpt2") == dict(n_layer=2, n_head=2, n_embd=32, block_size=64)
+    assert GPT.from_pretrained("gpt2").config.block_size == 64
+    assert_loads_as(hf, "gpt2")
 
 
 # --- every refusal: a spoiled folder, one line naming the file, no model built ------------------------------
@@ -292,3 +323,18 @@ def test_a_spoiled_gpt2_folder_is_one_line_naming_the_file(saved, workdir, monke
     with pytest.raises(ConfigError, match=D):
         GPT.from_pretrained(D)
     assert built == []
+
+
+ACCEPTED = {  # what transformers' own GPT-2 folders may hold, old and new: each loads
+    "n_inner spelled out": config(n_inner=4 * SIZES["n_embd"]),
+    "no activation_function": config(activation_function=None),  # GPT-2's default: gelu_new
+    "older files' attn.masked_bias": lambda: [weight(f"transformer.h.{i}.attn.masked_bias",
+                                                     lambda w: torch.tensor(-1e4))() for i in (0, 1)],
+}
+
+
+@pytest.mark.parametrize("kind", ACCEPTED)
+def test_gpt2_folders_as_transformers_wrote_them_load(saved, workdir, kind):
+    shutil.copytree(saved[1], D)
+    ACCEPTED[kind]()
+    assert_loads_as(saved[0], D)
