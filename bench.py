@@ -37,8 +37,7 @@ from support.kernel_check import check_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
-    # ops (tokens/s, memory), nanogpt (vs nanoGPT's step), gpt2_step (GPU), sample (KV cache)
-    what="ops",
+    what="ops",  # ops (tokens/s, memory), nanogpt (vs nanoGPT's step), gpt2_step (GPU), sample
     ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
     impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
     block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
