@@ -21,7 +21,7 @@ import math
 import os
 
 import torch
-# custom_op: list[int] arguments
+# torch.library.custom_op with list[int] arguments needs torch 2.8
 if tuple(int(n) for n in torch.__version__.split(".")[:2]) < (2, 8):
     raise ImportError(f"the fused kernel needs torch >= 2.8 (pip install -U torch), this is torch "
                       f"{torch.__version__}; use impl=sdpa")
@@ -39,9 +39,9 @@ LOG2E = 1.4426950408889634  # we use exp2 (fast on GPUs): e^x = 2^(x·log2 e)
 # -----------------------------------------------------------------------------
 # Triton kernels. A program handles one tile of BLOCK_M query rows (forward) or BLOCK_N key rows
 # (backward) of one (batch, head) and loops over the tiles of the other side. q, k, v share
-# their strides (stride_b, stride_h, stride_t; the last one is 1). What the kernels write per
-# row (out, pv, dq, dk, dv) and dout live in (B, T, H, D) memory: row t of head h in batch b
-# starts at ((b·T + t)·H + h)·D.
+# their strides (stride_b, stride_h, stride_t; the last one is 1: _qkv copies them where they do
+# not). What the kernels write per row (out, pv, dq, dk, dv) and dout live in (B, T, H, D)
+# memory: row t of head h in batch b starts at ((b·T + t)·H + h)·D.
 
 
 @triton.jit

@@ -147,7 +147,8 @@ def test_the_lesson_runs_top_to_bottom_in_a_jupyter_kernel(tmp_path, monkeypatch
     nb = nbformat.read(NOTEBOOK, as_version=4)
     for cell in code_cells(nb):
         cell.outputs = []
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(repo)}})
+    where = {"metadata": {"path": str(repo)}}  # the kernel's working folder: the copy's root
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources=where)
     with client.setup_kernel():
         for index, cell in enumerate(nb.cells):  # raises CellExecutionError where a cell raises
             client.execute_cell(cell, index)
