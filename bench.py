@@ -1,22 +1,25 @@
 """
-Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quotes them with date and machine):
+Benchmarks, each printed as ratios measured in one run (docs/benchmarks.md quotes them with date
+and machine):
 
     python bench.py                    # CPU: tokens/s and peak memory of attention, laplacian, mix
-    python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024 --repeats=1
-    python bench.py --what=nanogpt --nanogpt=PATH/TO/nanoGPT/model.py   # CPU: our training step vs nanoGPT's
-    python bench.py --what=gpt2_step                  # GPU: a compiled GPT-2-small step, impl=triton vs sdpa
-    python bench.py --what=sample --repeats=2         # CPU: sampling with generate's KV cache vs without
+    python bench.py --ops=attention,mix --impls=sdpa,materialized --block_sizes=128,256,512,1024
+    python bench.py --what=nanogpt --nanogpt=PATH/TO/nanoGPT/model.py  # CPU: our step vs nanoGPT's
+    python bench.py --what=gpt2_step           # GPU: a compiled GPT-2-small step, triton vs sdpa
+    python bench.py --what=sample --repeats=2  # CPU: sampling with generate's KV cache vs without
 
-What the tables mean (ops, nanogpt, sample: contestants take turns and each keeps its best repeat, as noise
-only ever slows a step down or adds memory):
-- ops: the demo model's training steps per (op, impl, block_size), each in a fresh process. tokens/s = steps
-  × batch_size × block_size / seconds, warm-up excluded, the highest; peak MiB above baseline = peak resident
-  memory minus resident memory once the model exists (AdamW's moments count; Linux only, "-" elsewhere), the
-  lowest. "× attention" divides by the attention row with the same impl and block_size.
+What the tables mean (ops, nanogpt, sample: contestants take turns and each keeps its best repeat,
+as noise only ever slows a step down or adds memory):
+- ops: the demo model's training steps per (op, impl, block_size), each in a fresh process.
+  tokens/s = steps × batch_size × block_size / seconds, warm-up excluded, the highest; peak MiB
+  above baseline = peak resident memory minus resident memory once the model exists (AdamW's
+  moments count; Linux only, "-" elsewhere), the lowest. "× attention" divides by the attention row
+  with the same impl and block_size.
 - nanogpt: ms per training step, the lowest; "× nanoGPT" divides by nanoGPT's.
 - gpt2_step: the median ms per step (triton.testing.do_bench); "× sdpa" divides by impl=sdpa's.
-Targets: mix ≥ 0.95× attention's tokens/s, peak memory within 5% and linear in block_size on the SDPA path; at
-nanoGPT's CPU example config, our attention step ≤ 1.00× nanoGPT's time and mix ≤ 1.03×.
+Targets: mix ≥ 0.95× attention's tokens/s, peak memory within 5% and linear in block_size on the
+SDPA path; at nanoGPT's CPU example config, our attention step ≤ 1.00× nanoGPT's time and mix ≤
+1.03×.
 """
 import importlib.util
 import json
@@ -34,7 +37,7 @@ from support.kernel_check import check_kernel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
-    what="ops",  # ops (tokens/s, memory), nanogpt (vs nanoGPT's step), gpt2_step (GPU), sample (KV cache)
+    what="ops",  # ops (tokens/s, memory), nanogpt (vs nanoGPT's step), gpt2_step (GPU), sample
     ops="attention,laplacian,mix",  # (what=ops) the ops to compare, comma-separated
     impls="sdpa",  # (what=ops) the implementations (sdpa, materialized, triton), comma-separated
     block_sizes="256",  # (what=ops) the sequence lengths, comma-separated
@@ -43,16 +46,18 @@ DEFAULTS = dict(
     repeats=5,  # (what=ops, nanogpt, sample) measurements of each, the best one counts
     nanogpt="",  # (what=nanogpt) the path of nanoGPT's model.py
 )
-RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step", "sample"), batch_size=at_least(1), iters=at_least(1),
-             repeats=at_least(1), block_sizes=requires(lambda text: all(map(str.isdecimal, text.split(","))),
-                                                       "give integers like 128,256"))
+integers = requires(lambda text: all(map(str.isdecimal, text.split(","))),
+                    "give integers like 128,256")
+RULES = dict(what=one_of("ops", "nanogpt", "gpt2_step", "sample"), batch_size=at_least(1),
+             iters=at_least(1), repeats=at_least(1), block_sizes=integers)
 DEMO = dict(n_layer=4, n_head=4, n_embd=128, vocab_size=128)  # the demo model
 # nanoGPT's CPU example (README of nanoGPT: shakespeare_char on a CPU)
-NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False, dropout=0.0)
+NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, bias=False,
+                   dropout=0.0)
 
 
 def memory_mib():
-    """(resident, peak resident) MiB of this process so far, as Linux reports them; None elsewhere."""
+    """(resident, peak resident) MiB of this process so far, as Linux reports them, else None."""
     try:
         import resource  # POSIX only
         with open("/proc/self/statm") as f:
@@ -72,7 +77,7 @@ def training_step(model, opt, x, grad_clip=1.0):
 
 
 def measure(op, impl, block_size, batch_size, iters, warmup=3):
-    """One configuration in this process: tokens/s over `iters` steps, peak MiB above the model's baseline."""
+    """One configuration here: tokens/s over `iters` steps, peak MiB above the model's baseline."""
     keep_freed_memory()  # as train.py does on a CPU
     torch.manual_seed(0)
     model = GPT(GPTConfig(**DEMO, block_size=block_size, op=op, impl=impl))
@@ -85,12 +90,14 @@ def measure(op, impl, block_size, batch_size, iters, warmup=3):
     for _ in range(iters):
         training_step(model, opt, x)
     dt = time.perf_counter() - t0
-    peak_mib = None if baseline is None else memory_mib()[1] - baseline[0]  # peak now − resident before
+    # peak now − resident before
+    peak_mib = None if baseline is None else memory_mib()[1] - baseline[0]
     return {"tokens_per_s": iters * batch_size * block_size / dt, "peak_mib": peak_mib}
 
 
 def measure_in_subprocess(op, impl, block_size, batch_size, iters):
-    """measure() in a fresh process, so its peak memory is its own (started here, to import our model.py)."""
+    """measure() in a fresh process, so its peak memory is its own (started
+    here, to import our model.py)."""
     args = f"{op!r}, {impl!r}, {block_size}, {batch_size}, {iters}"
     code = f"import json, bench; print(json.dumps(bench.measure({args})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE)
@@ -101,7 +108,8 @@ def measure_in_subprocess(op, impl, block_size, batch_size, iters):
 
 
 def best_of(repeats):
-    """One configuration's repeats -> each column's best: the highest tokens/s, the lowest peak memory."""
+    """One configuration's repeats -> each column's best: the highest
+    tokens/s, the lowest peak memory."""
     peaks = [r["peak_mib"] for r in repeats]
     return {"tokens_per_s": max(r["tokens_per_s"] for r in repeats),
             "peak_mib": None if None in peaks else min(peaks)}
@@ -109,25 +117,30 @@ def best_of(repeats):
 
 def ops_table(best):
     """The markdown table of {(op, impl, block_size): best_of(...)}."""
-    lines = ["| op | impl | block_size | tokens/s | × attention | peak MiB above baseline | × attention |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| op | impl | block_size | tokens/s | × attention | peak MiB above baseline "
+             "| × attention |", "|---|---|---|---|---|---|---|"]
     for (op, impl, T), r in best.items():
-        ref = best.get(("attention", impl, T))  # the attention row with the same impl and block_size
-        ratio = {k: "-" if ref is None or r[k] is None else f"{r[k] / ref[k]:.3f}"  # "-": nothing to divide
+        # the attention row with the same impl and block_size
+        ref = best.get(("attention", impl, T))
+        # "-": nothing to divide
+        ratio = {k: "-" if ref is None or r[k] is None else f"{r[k] / ref[k]:.3f}"
                  for k in ("tokens_per_s", "peak_mib")}
         peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
-        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio['tokens_per_s']} | {peak} "
-                     f"| {ratio['peak_mib']} |")
+        lines.append(f"| {op} | {impl} | {T} | {r['tokens_per_s']:,.0f} | {ratio['tokens_per_s']} "
+                     f"| {peak} | {ratio['peak_mib']} |")
     return lines
 
 
 def bench_ops(cfg):
-    """Every configuration measured `repeats` times, in turns; the table keeps each column's best."""
-    configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",") for impl in cfg.impls.split(",")
-               for op in cfg.ops.split(",")]
-    if "triton" in cfg.impls.split(","):  # the fused kernel, checked against float64 before it is timed
+    """Every configuration measured `repeats` times, in turns; the table keeps each column's
+    best."""
+    configs = [(op, impl, int(T)) for T in cfg.block_sizes.split(",")
+               for impl in cfg.impls.split(",") for op in cfg.ops.split(",")]
+    # the fused kernel, checked against float64 before it is timed
+    if "triton" in cfg.impls.split(","):
         print(check_kernel("cpu", torch.float32, DEMO["n_embd"] // DEMO["n_head"]))
-    measured = [(c, measure_in_subprocess(*c, cfg.batch_size, cfg.iters))  # in turns: each repeat, every one
+    # in turns: each repeat, every one
+    measured = [(c, measure_in_subprocess(*c, cfg.batch_size, cfg.iters))
                 for _ in range(cfg.repeats) for c in configs]
     best = {c: best_of([r for k, r in measured if k == c]) for c in configs}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {DEMO}, "
@@ -137,7 +150,8 @@ def bench_ops(cfg):
 
 
 def nanogpt_contestant(path, x):
-    """nanoGPT's model and optimizer at its CPU example config, from its model.py at `path`, tried once."""
+    """nanoGPT's model and optimizer at its CPU example config, from its
+    model.py at `path`, tried once."""
     where = "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)"
     if not os.path.isfile(path) or not path.endswith(".py"):
         raise ConfigError(f"nanogpt={path!r} is not a Python file: {where}")
@@ -148,7 +162,8 @@ def nanogpt_contestant(path, x):
     try:
         spec.loader.exec_module(nano)
     except Exception as e:
-        raise ConfigError(f"nanogpt={path!r} failed to load ({type(e).__name__}): {where}") from None
+        why = type(e).__name__
+        raise ConfigError(f"nanogpt={path!r} failed to load ({why}): {where}") from None
     if not hasattr(nano, "GPT") or not hasattr(nano, "GPTConfig"):
         raise ConfigError(f"nanogpt={path!r} defines no GPT and GPTConfig: {where}")
     try:  # someone else's code: whatever it raises, it is not the nanoGPT we compare against
@@ -163,8 +178,9 @@ def nanogpt_contestant(path, x):
 
 
 def bench_nanogpt(cfg):
-    """Our training step against nanoGPT's at its CPU example config: every repeat times `iters` steps of each
-    in turn, in this process, with the memory allocator set as train.py sets it on a CPU."""
+    """Our training step against nanoGPT's at its CPU example config: every repeat
+    times `iters` steps of each in turn, in this process, with the memory allocator set
+    as train.py sets it on a CPU."""
     kept = keep_freed_memory()
     B, T = 12, NANOGPT_CPU["block_size"]
     x = torch.randint(0, NANOGPT_CPU["vocab_size"], (B, T))
@@ -181,8 +197,9 @@ def bench_nanogpt(cfg):
             for _ in range(cfg.iters):
                 training_step(model, opt, x)
             best[name] = min(best[name], (time.perf_counter() - t0) / cfg.iters * 1000)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {NANOGPT_CPU}, batch {B}, "
-          f"best of {cfg.repeats} interleaved repeats of {cfg.iters} steps, freed memory kept: {kept}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {NANOGPT_CPU}, "
+          f"batch {B}, best of {cfg.repeats} interleaved repeats of {cfg.iters} steps, "
+          f"freed memory kept: {kept}")
     print("| model | ms per training step | × nanoGPT |\n|---|---|---|")
     for name, ms in best.items():
         print(f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |")
@@ -207,12 +224,14 @@ def gpt2_step_ms(impl):
 
 
 def bench_gpt2_step(cfg):
-    """GPT-2 small: ms per compiled training step, impl=triton vs sdpa (sdpa alone if triton is refused)."""
+    """GPT-2 small: ms per compiled training step, impl=triton vs sdpa (sdpa
+    alone if triton is refused)."""
     if not torch.cuda.is_available():
         raise ConfigError("what=gpt2_step needs a CUDA GPU")
     impls = ["triton", "sdpa"]
     try:
-        print(check_kernel("cuda", torch.bfloat16, 64))  # the fused kernel, checked against float64 first
+        # the fused kernel, checked against float64 first
+        print(check_kernel("cuda", torch.bfloat16, 64))
     except ValueError as e:
         print(f"{str(e).removesuffix('; use impl=sdpa')}: impl=triton is skipped")
         impls.remove("triton")
@@ -224,17 +243,19 @@ def bench_gpt2_step(cfg):
 
 
 SAMPLE_NEW_TOKENS = 300
-SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),  # GPT-2's vocabulary and block_size (1024)
+# GPT-2's vocabulary and block_size (1024)
+SAMPLE_MODELS = {"4×256": dict(n_layer=4, n_head=4, n_embd=256),
                  "GPT-2 small, 12×768": dict(n_layer=12, n_head=12, n_embd=768)}
 
 
 def bench_sample(cfg):
-    """Greedy sampling of SAMPLE_NEW_TOKENS tokens, batch 1, op=mix: generate with its KV cache against
-    use_cache=False, a full forward per token as nanoGPT's; same output layer, so the ratio is the cache's."""
+    """Greedy sampling of SAMPLE_NEW_TOKENS tokens, batch 1, op=mix: generate with its KV
+    cache against use_cache=False, a full forward per token as nanoGPT's; same output layer,
+    so the ratio is the cache's."""
     prompt = torch.zeros((1, 1), dtype=torch.long)
     n, rows = SAMPLE_NEW_TOKENS, {}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, batch 1, "
-          f"op=mix, best of {cfg.repeats} interleaved repeats")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {n} new tokens, greedy, "
+          f"batch 1, op=mix, best of {cfg.repeats} interleaved repeats")
     print("| model | ms per token, KV cache | ms per token, full forward | speedup | same tokens |")
     print("|---|---|---|---|---|")
     for name, shape in SAMPLE_MODELS.items():
@@ -248,16 +269,18 @@ def bench_sample(cfg):
             full = model.generate(prompt, n, temperature=0, use_cache=False)
             cached_s, full_s = min(cached_s, t1 - t0), min(full_s, time.perf_counter() - t1)
         same = torch.equal(cached, full)
-        rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=full_s / cached_s, same_tokens=same)
-        print(f"| {name} | {cached_s / n * 1000:.2f} | {full_s / n * 1000:.2f} | {full_s / cached_s:.2f}× | "
-              f"{same} |")
+        speedup = full_s / cached_s
+        rows[name] = dict(cached_s=cached_s, full_s=full_s, speedup=speedup, same_tokens=same)
+        print(f"| {name} | {cached_s / n * 1000:.2f} | {full_s / n * 1000:.2f} | {speedup:.2f}× "
+              f"| {same} |")
     return rows
 
 
 def main(argv):
     try:
         require_torch(torch.__version__)
-        cfg = configure(DEFAULTS, argv, RULES, files=False, help_from=[("", sys.modules[__name__])])[0]
+        cfg = configure(DEFAULTS, argv, RULES, files=False,
+                        help_from=[("", sys.modules[__name__])])[0]
         return {"ops": bench_ops, "nanogpt": bench_nanogpt, "gpt2_step": bench_gpt2_step,
                 "sample": bench_sample}[cfg.what](cfg)
     except ValueError as e:

@@ -3,17 +3,18 @@ The checks of kernel.py's fused kernel: its out and five gradients against float
 
     check_kernel(device, dtype, head_size)   # one line for the log, or a one-line ValueError
 
-train.py calls check_kernel once at set-up when a run asks for impl=triton: kernel.mix_attention as the
-model calls it (the launch configs of kernel.py's table for this device), on the run's device, dtype and head
-size; in the Triton interpreter on a CPU, at a shorter T, in seconds. This file imports triton only inside its
-functions: it loads where triton is not installed.
+train.py calls check_kernel once at set-up when a run asks for impl=triton: kernel.mix_attention as
+the model calls it (the launch configs of kernel.py's table for this device), on the run's device,
+dtype and head size; in the Triton interpreter on a CPU, at a shorter T, in seconds. This file
+imports triton only inside its functions: it loads where triton is not installed.
 
-The pass/fail gate, `python -m support.kernel_check`, exits 0 only if every part passed. The same float64
-check (ragged T = 301, the model's layout, a sharp head, a cancelling Laplacian head, run twice) for D = 64
-and 128 in every launch config this device may use: fp32, fp16 and bf16 on a GPU; on a CPU only that, in fp32
-and fp16 in the Triton interpreter (bf16 dots are wrong there), about 1.5 minutes on 2 cores. On a GPU also
-pytest -q tests/test_kernel.py on the real kernels (GPT-2-small training steps with impl=triton against
-impl=sdpa included), and the kernel's time against SDPA + epilogue.
+The pass/fail gate, `python -m support.kernel_check`, exits 0 only if every part passed. The
+same float64 check (ragged T = 301, the model's layout, a sharp head, a cancelling Laplacian
+head, run twice) for D = 64 and 128 in every launch config this device may use: fp32, fp16 and
+bf16 on a GPU; on a CPU only that, in fp32 and fp16 in the Triton interpreter (bf16 dots are
+wrong there), about 1.5 minutes on 2 cores. On a GPU also pytest -q tests/test_kernel.py on the
+real kernels (GPT-2-small training steps with impl=triton against impl=sdpa included), and the
+kernel's time against SDPA + epilogue.
 
     python -m support.kernel_check --tests=False --timing=False   # only the float64 checks
 """
@@ -30,19 +31,21 @@ from support.configurator import ConfigError, configure
 # -----------------------------------------------------------------------------
 # The float64 check. It takes the function under test, so that tests can plant wrong ones.
 
-# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: 3.6 to 6× the largest errors
-# of a correct kernel at T = 301, D = 16 to 128, in the interpreter with a GPU's arithmetic (each dot a
-# sequential fp32 FMA chain, bf16 rounded to nearest: test_kernel.py's gpu_like). bf16: out 3.3e-3, the
-# gradients 6.9e-3; fp16: 3.8e-4, 1.2e-3; fp32: 3.3e-6, 7.9e-6, and 10× below TF32's errors (~5e-4).
+# Tolerances on max|x - float64| / max|float64|, for out and for the gradients: 3.6 to 6× the
+# largest errors of a correct kernel at T = 301, D = 16 to 128, in the interpreter with a GPU's
+# arithmetic (each dot a sequential fp32 FMA chain, bf16 rounded to nearest: test_kernel.py's
+# gpu_like). bf16: out 3.3e-3, the gradients 6.9e-3; fp16: 3.8e-4, 1.2e-3; fp32: 3.3e-6, 7.9e-6, and
+# 10× below TF32's errors (~5e-4).
 TOLERANCES = {torch.bfloat16: (1.2e-2, 2.5e-2), torch.float16: (2e-3, 5e-3), torch.float32: (2e-5, 4e-5)}
-# one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels where P is
-# close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
+# one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels
+# where P is close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
 CHECK_HEADS = dict(a=[0.0, 1.0, -0.4 * 1.3, 0.3], b=[1.0, -1.0, 1.3, 0.8], q_scale=[8.0, 1.0, 1.0, 1.0])
 
 
 def model_inputs(B, H, T, D, dtype, device, seed=0):
-    """q, k, v as the model makes them (transposed views of one (B, T, 3·H·D) tensor), a, b, and dout as the
-    model's backward sends it. H = 4 gives CHECK_HEADS; other H heads ranging from attention to Laplacian."""
+    """q, k, v as the model makes them (transposed views of one (B, T, 3·H·D) tensor), a, b,
+    and dout as the model's backward sends it. H = 4 gives CHECK_HEADS; other H heads ranging
+    from attention to Laplacian."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, 3 * H * D, generator=g)
     a, b = torch.linspace(0, 1, H), torch.linspace(1, -1, H)  # attention ... Laplacian
@@ -65,9 +68,10 @@ def _fwd_bwd(fn, leaves, dout):  # (out, dq, dk, dv, da, db)
 
 
 def accuracy(fn, device, dtype, D, T=301):
-    """fn's out and five gradients against float64 on this device, at a ragged T (full, diagonal and padded
-    tiles), and a second run against the first (a race shows up as a difference; dq's atomics vary only its
-    last bits). Returns rows (what, error, tolerance): error = max|x - ref| / max|ref|, NaN unless finite."""
+    """fn's out and five gradients against float64 on this device, at a ragged T (full, diagonal and
+    padded tiles), and a second run against the first (a race shows up as a difference; dq's atomics
+    vary only its last bits). Returns rows (what, error, tolerance): error = max|x - ref| /
+    max|ref|, NaN unless finite."""
     leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
     want = _fwd_bwd(reference, [x.detach().double().requires_grad_() for x in leaves], dout.double())
     first, second = _fwd_bwd(fn, leaves, dout), _fwd_bwd(fn, leaves, dout)
@@ -85,7 +89,8 @@ def _error(x, ref):
 
 
 def failures(rows):
-    return [f"{name} error {err:.1e} > {tol:.1e}" for name, err, tol in rows if not err <= tol]  # NaN fails
+    # NaN fails
+    return [f"{name} error {err:.1e} > {tol:.1e}" for name, err, tol in rows if not err <= tol]
 
 
 def _first_line(e):  # an exception in one line, without the advice check_kernel adds itself
@@ -94,19 +99,23 @@ def _first_line(e):  # an exception in one line, without the advice check_kernel
 
 
 def check_kernel(device, dtype, head_size):
-    """kernel.mix_attention, with the launch configs the model gets, against float64 on this device (a name
-    or a torch.device), dtype (torch.bfloat16 or "bfloat16") and head size. Returns one line for the log.
-    Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong here or cannot run
-    (triton missing, a CPU in bf16 or without TRITON_INTERPRET=1, ROCm, a GPU before sm_80, a head size)."""
+    """kernel.mix_attention, with the launch configs the model gets, against float64 on this device
+    (a name or a torch.device), dtype (torch.bfloat16 or "bfloat16") and head size. Returns one line
+    for the log. Raises a one-line ValueError that ends "use impl=sdpa" where the kernel is wrong
+    here or cannot run (triton missing, a CPU in bf16 or without TRITON_INTERPRET=1, ROCm, a GPU
+    before sm_80, a head size)."""
     name = str(dtype).removeprefix("torch.")
     try:
-        import kernel  # here, not at the top: train.py imports this file where triton may be missing
+        # here, not at the top: train.py imports this file where triton may be missing
+        import kernel
         device = torch.device(device)
-        if device.type == "cuda" and device.index is None:  # the current CUDA device: name its index
+        # the current CUDA device: name its index
+        if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type == "cpu" and name == "bfloat16":  # the gate leaves bf16 out on a CPU too
             raise ValueError("on a CPU, Triton's interpreter computes bf16 dots wrongly (float32 is right)")
-        T = 301 if device.type == "cuda" else 77  # ragged, several tiles; shorter in the slow interpreter
+        # ragged, several tiles; shorter in the slow interpreter
+        T = 301 if device.type == "cuda" else 77
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
             rows = accuracy(kernel.mix_attention, device, getattr(torch, name), head_size, T)
         bad = failures(rows)
@@ -125,14 +134,15 @@ def check_kernel(device, dtype, head_size):
 # The pass/fail gate: `python -m support.kernel_check`
 
 DEFAULTS = dict(
-    tests=True,  # (GPU) run pytest -q tests/test_kernel.py on the real kernels, GPT-2-small steps included
-    timing=True,  # (GPU) time the kernel against SDPA + epilogue in bf16, with the SDPA backend named
+    tests=True,  # (GPU) run pytest -q tests/test_kernel.py on the real kernels, GPT-2 steps too
+    timing=True,  # (GPU) time the kernel against SDPA + epilogue in bf16, the SDPA backend named
 )
-TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12, 4096, 128)]  # (B, H, T, D)
+TIMED_SHAPES = [(8, 12, 1024, 64), (8, 12, 1024, 128), (2, 12, 4096, 64), (2, 12, 4096, 128)]  # B, H, T, D
 
 
 def check_accuracy(fn, device):
-    """accuracy() of fn in this device's launch configs, a row per dtype and head size; True if all pass."""
+    """accuracy() of fn in this device's launch configs, a row per dtype and
+    head size; True if all pass."""
     import kernel
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device.type == "cuda" else [])
     print(f"float64 check on {device} (kernel_check.accuracy; error = max|x - ref| / max|ref|, "
@@ -157,7 +167,8 @@ def check_accuracy(fn, device):
 
 
 def time_fwd_bwd(fn, device, dtype, shape):
-    """Median ms of fn's forward + backward on this GPU at this shape, in the model's layout (do_bench)."""
+    """Median ms of fn's forward + backward on this GPU at this shape, in
+    the model's layout (do_bench)."""
     from triton.testing import do_bench
     leaves, dout = model_inputs(*shape, dtype, device)
     return do_bench(lambda: torch.autograd.grad(fn(*leaves), leaves, dout), warmup=10, rep=40,
@@ -165,7 +176,8 @@ def time_fwd_bwd(fn, device, dtype, shape):
 
 
 def sdpa_backend(q, k, v):
-    """The SDPA backend (flash, cudnn, efficient, math, ...) that ran, from the aten op the profiler saw."""
+    """The SDPA backend (flash, cudnn, efficient, math, ...) that ran, from
+    the aten op the profiler saw."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
     ops = sorted({e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product_")})
@@ -173,7 +185,8 @@ def sdpa_backend(q, k, v):
 
 
 def timing(fn):
-    """fn, in the launch configs this GPU gets, against SDPA + epilogue at each timed shape, in bf16."""
+    """fn, in the launch configs this GPU gets, against SDPA + epilogue at each timed shape, in
+    bf16."""
     import kernel
     import triton
     device, dtype = torch.device("cuda"), torch.bfloat16
@@ -190,7 +203,8 @@ def timing(fn):
 
 
 def main(argv, fn=None):
-    """Every check for this machine; returns the exit status. fn: the kernel under test (tests plant bugs)."""
+    """Every check for this machine; returns the exit status. fn: the kernel
+    under test (tests plant bugs)."""
     try:
         cfg = configure(DEFAULTS, argv, files=False, help_from=[("", sys.modules[__name__])])[0]
         if fn is None:
@@ -205,7 +219,8 @@ def main(argv, fn=None):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         pytest = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_kernel.py"], cwd=root)
         passed.append(pytest.returncode == 0)
-    if cuda and cfg.timing and passed[0]:  # the time of a kernel that failed its check means nothing
+    # the time of a kernel that failed its check means nothing
+    if cuda and cfg.timing and passed[0]:
         timing(fn)
     if not cuda:
         print("no GPU here: only the float64 checks ran, in the Triton interpreter")

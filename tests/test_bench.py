@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import bench
-from helpers import ROOT
+from helpers import ROOT, one_line_error
+from model import GPT
 
 
 
@@ -179,10 +180,11 @@ def test_ops_ratios_divide_by_attention_at_the_same_block_size_or_say_there_is_n
                                          "| mix | materialized | 256 | 1,234 | - | 50.0 | - |"]
 
 
-def test_ops_checks_the_kernel_in_the_dtype_and_head_size_it_then_times(clock, monkeypatch):
-    """impl=triton: before any timing, the fused kernel is checked against float64 on the device, in the
-    dtype (float32, no autocast) and at the head size of the steps then timed. The measurement processes run
-    here; each fake step notes what it computes in."""
+@pytest.mark.parametrize("impls", ["triton", "sdpa,triton"])
+def test_ops_checks_the_kernel_in_the_dtype_and_head_size_it_then_times(clock, monkeypatch, impls):
+    """impl=triton, alone or beside others: before any timing, the fused kernel is checked against float64
+    on the device, in the dtype (float32, no autocast) and at the head size of the steps then timed. The
+    measurement processes run here; each fake step notes what it computes in."""
     pytest.importorskip("kernel", exc_type=ImportError)  # the demo model with impl=triton imports kernel.py
     events = []
 
@@ -198,10 +200,26 @@ def test_ops_checks_the_kernel_in_the_dtype_and_head_size_it_then_times(clock, m
     monkeypatch.setattr(bench, "check_kernel", check)
     monkeypatch.setattr(bench, "training_step", step)
     monkeypatch.setattr(bench, "measure_in_subprocess", bench.measure)
-    bench.main(["--ops=mix", "--impls=triton", "--block_sizes=8", "--batch_size=1", "--iters=2",
+    bench.main(["--ops=mix", f"--impls={impls}", "--block_sizes=8", "--batch_size=1", "--iters=2",
                 "--repeats=1"])
     assert events[0] == ("check", "cpu", torch.float32, 32)
-    assert events[1:] == [("time", "cpu", torch.float32, 32)] * (3 + 2)  # warm-up and timed steps
+    n = len(impls.split(","))  # configurations timed: warm-up and timed steps each
+    assert events[1:] == [("time", "cpu", torch.float32, 32)] * (3 + 2) * n
+
+
+def test_measure_keeps_freed_memory_as_train_py_does_on_a_cpu(clock, monkeypatch):
+    events = []
+
+    class GPT(bench.GPT):
+        def __init__(self, config):
+            super().__init__(config)
+            events.append("model")
+    monkeypatch.setattr(bench, "keep_freed_memory", lambda: events.append("kept"))
+    monkeypatch.setattr(bench, "GPT", GPT)
+    fake_steps(monkeypatch, clock, 1.0)
+    bench.measure("attention", "sdpa", block_size=8, batch_size=1, iters=1, warmup=0)
+    assert events == ["kept", "model"]
+
 
 @pytest.mark.slow
 def test_runs_from_any_working_directory(tmp_path):
@@ -254,6 +272,18 @@ def test_nanogpt_comparison_runs_end_to_end(stand_in_nanogpt, capsys):
     assert out[3:] == [f"| {name} | {ms:.2f} | {ms / best['nanoGPT']:.3f} |" for name, ms in best.items()]
 
 
+def test_a_nanogpt_that_cannot_train_is_refused_in_one_line_before_any_timing(clock, monkeypatch,
+                                                                            stand_in_nanogpt, capsys):
+    """Its training step is tried once first: an error there is one line, before any table is printed."""
+    with open(stand_in_nanogpt, "a") as f:
+        f.write("    def forward(self, idx, targets=None):\n"
+                "        raise RuntimeError('mat1 and mat2 shapes cannot be multiplied')\n")
+    assert one_line_error(bench.main, ["--what=nanogpt", f"--nanogpt={stand_in_nanogpt}"]) == (
+        f"error: nanogpt={str(stand_in_nanogpt)!r} failed to train as nanoGPT's GPT does (RuntimeError): "
+        "give the path of nanoGPT's model.py (github.com/karpathy/nanoGPT)")
+    assert capsys.readouterr().out == "" and clock.now == 0
+
+
 # --- a compiled GPT-2-small step on a GPU ---------------------------------------------------------------
 
 
@@ -277,3 +307,16 @@ def test_gpt2_step_measures_sdpa_alone_where_the_kernel_is_refused(monkeypatch, 
         t4.removesuffix("; use impl=sdpa") + ": impl=triton is skipped",
         "| GPT-2 small step (B=8, T=1024, bf16, compiled) | ms | × sdpa |", "|---|---|---|",
         "| impl=sdpa | 40.0 | 1.000 |"]
+
+
+def test_sample_tables_same_tokens_compares_the_cached_generation_with_the_full_forwards(monkeypatch):
+    """A full forward that picks another last token: the row says False."""
+    generate = GPT.generate
+
+    def full_differs(model, idx, n, temperature=1.0, use_cache=True, **kwargs):
+        out = generate(model, idx, n, temperature=temperature, use_cache=use_cache, **kwargs)
+        return out if use_cache else torch.cat([out[:, :-1], (out[:, -1:] + 1) % 64], 1)
+    monkeypatch.setattr(GPT, "generate", full_differs)
+    monkeypatch.setattr(bench, "SAMPLE_MODELS", {"tiny": dict(n_layer=1, n_head=2, n_embd=16, vocab_size=64)})
+    monkeypatch.setattr(bench, "SAMPLE_NEW_TOKENS", 4)
+    assert bench.main(["--what=sample", "--repeats=1"])["tiny"]["same_tokens"] is False

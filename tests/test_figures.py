@@ -212,3 +212,12 @@ def test_corridor_curve_of_a_diverged_run_is_drawn_from_the_finite_ones(tmp_path
     path = str(tmp_path / "corridor_curve.png")
     assert figures.save(fig, path) == path  # drawn, laid out and written
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_operators_colour_scale_is_symmetric_in_the_largest_magnitude():
+    """A strongly negative diagonal (−3, weights elsewhere at most 0.5) keeps its shade: the scale spans
+    [−3, 3] in every panel, 0 is its middle, and no cell lies beyond it."""
+    M = np.tril(np.full((2, 2, 4, 4), 0.5)) - 3.5 * np.eye(4)  # (layer, head, T, T), diagonal −3
+    fig = figures.operators(M, list("abcd"), [f"head {i}" for i in range(4)], "t")
+    images = [image for ax in fig.axes for image in ax.get_images()]
+    assert len(images) == 4 and all(image.get_clim() == (-3.0, 3.0) for image in images)
