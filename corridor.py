@@ -59,9 +59,11 @@ def summarize(run):
     per resume."""
     cfg, starts, last = run["config"], run["starts"], run["evals"][-1]
     gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
-    delta = np.array(last["delta"], dtype=float)  # (layer, head)
-    # open: −1 (Laplacian) and 0 (attention) are its endpoints
-    inside = (gamma > -1.0) & (gamma < 0.0)
+    fixed = cfg["op"] in FIXED_OPS
+    # the corridor, of heads whose γ could move: open, −1 (Laplacian) and 0 (attention) are its
+    # endpoints; "deep" is beyond layer 1, where there is one
+    inside = None if fixed else (gamma > -1.0) & (gamma < 0.0)  # (layer, head)
+    deep = None if fixed or len(gamma) < 2 else inside[1:]
     best = min(
         run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf
     )
@@ -84,18 +86,20 @@ def summarize(run):
             f"checkpoint (iter {run['ckpt_iter']}), so no checkpoint holds them"
         )
     max_iters = cfg.get("max_iters", last["iter"])
-    s = {
+    return {
         "name": run["name"],
         "path": run["path"],
         "run": run,
         "label": label,
         "story": story,
         "config": {**cfg, "seed": seed},
+        "seed": seed,
+        "baseline": baseline_key(cfg),
         "op": cfg["op"],
-        "learns_gamma": cfg["op"] not in FIXED_OPS and cfg.get("learn_gamma", True),
+        "learns_gamma": not fixed and cfg.get("learn_gamma", True),
         "unfinished": last["iter"] < max_iters and not cfg.get("eval_only"),
         "max_iters": max_iters,
-        "iter": max(r["iter"] for r in run["records"]),
+        "iter": run["ckpt_iter"],
         "commit": starts[0].get("commit") if starts else None,
         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
         "best_val": best["val_loss"],
@@ -105,17 +109,12 @@ def summarize(run):
         "n_layer": gamma.shape[0],
         "n_head": gamma.shape[1],
         "layer_gamma": gamma.mean(axis=1).tolist(),
-        "layer_delta": delta.mean(axis=1).tolist(),
-        "n_in": None,
-        "frac_in": None,
-        "n_in_deep": None,
-        "frac_deep": None,
+        "layer_delta": np.mean(last["delta"], axis=1).tolist(),
+        "n_in": None if fixed else int(inside.sum()),
+        "frac_in": None if fixed else float(inside.mean()),
+        "n_in_deep": None if deep is None else int(deep.sum()),
+        "frac_deep": None if deep is None else float(deep.mean()),
     }
-    if cfg["op"] not in FIXED_OPS:  # the corridor counts: of heads whose γ could move
-        s["n_in"], s["frac_in"] = int(inside.sum()), float(inside.mean())
-        if gamma.shape[0] > 1:
-            s["n_in_deep"], s["frac_deep"] = int(inside[1:].sum()), float(inside[1:].mean())
-    return s
 
 
 def controls(config):
@@ -210,7 +209,6 @@ def compare(runs):
     # experiment -> its runs; baseline -> {seed: attention run}
     groups, attention, seen = {}, {}, {}
     for s in sums:
-        s["seed"], s["baseline"] = s["config"].get("seed"), baseline_key(s["config"])
         exp = json.dumps(experiment(s["config"]), sort_keys=True)
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed,
