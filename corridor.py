@@ -86,6 +86,7 @@ def summarize(run):
             f"checkpoint (iter {run['ckpt_iter']}), so no checkpoint holds them"
         )
     max_iters = cfg.get("max_iters", last["iter"])
+    unfinished = last["iter"] < max_iters and not cfg.get("eval_only")
     return {
         "name": run["name"],
         "path": run["path"],
@@ -94,11 +95,10 @@ def summarize(run):
         "story": story,
         "config": {**cfg, "seed": seed},
         "seed": seed,
-        "baseline": baseline_key(cfg),
+        "baseline": experiment(cfg, NOT_EXPERIMENT + OP_SETTINGS),
         "op": cfg["op"],
         "learns_gamma": not fixed and cfg.get("learn_gamma", True),
-        "unfinished": last["iter"] < max_iters and not cfg.get("eval_only"),
-        "max_iters": max_iters,
+        "unfinished": f"; unfinished, max_iters is {max_iters}" if unfinished else "",
         "iter": run["ckpt_iter"],
         "commit": starts[0].get("commit") if starts else None,
         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
@@ -178,17 +178,13 @@ def setting_name(name):
     return re.sub(r"_s\d+$", "", name)
 
 
-def experiment(config):
-    return {
-        k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")
-    }
-
-
-def baseline_key(config):
-    """What a run's attention baseline must share with it: the experiment but the op and its
-    controls (so 3600-iteration runs are compared with 3600-iteration attention runs)."""
+def experiment(config, ignore=NOT_EXPERIMENT):
+    """The settings a run's result depends on, as a JSON text to group by. What its attention
+    baseline must share with it: experiment(config, NOT_EXPERIMENT + OP_SETTINGS), all but the op
+    and its controls (so 3600-iteration runs are compared with 3600-iteration attention runs)."""
     return json.dumps(
-        {k: v for k, v in experiment(config).items() if k not in OP_SETTINGS}, sort_keys=True
+        {k: v for k, v in config.items() if k not in ignore and not k.startswith("wandb")},
+        sort_keys=True,
     )
 
 
@@ -204,12 +200,12 @@ def differing_keys(configs):
 def compare(runs):
     """Every run's summary (runs: as given; rows: by final val loss), and the seed groups (runs
     differing only in seed) with their paired statistics against the attention run of the same
-    baseline_key and seed, ended at the same iteration."""
+    baseline and seed, ended at the same iteration."""
     sums = [summarize(r) for r in runs]
     # experiment -> its runs; baseline -> {seed: attention run}
     groups, attention, seen = {}, {}, {}
     for s in sums:
-        exp = json.dumps(experiment(s["config"]), sort_keys=True)
+        exp = experiment(s["config"])
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed,
         # likewise (only exp has an 'op')
@@ -285,21 +281,14 @@ def compare(runs):
         name = next(iter(own)) if unique else g["label"]
         g["setting"] = name + (" (confirmation)" if confirmation else "")
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's
-    # val loss)
-    block = {
-        key: min(
-            [g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key],
-            default=math.inf,
-        )
-        for key in {g["baseline_key"] for g in out}
-    }
+    # val loss, those without one last)
     return {
         "runs": sums,
         "rows": rows,
         "groups": sorted(
             out,
             key=lambda g: (
-                block[g["baseline_key"]],
+                attention_mean.get(g["baseline_key"], math.inf),
                 g["baseline_key"],
                 math.isnan(g["val_mean"]),
                 g["val_mean"],
@@ -520,10 +509,9 @@ def report(c, each=True):
         print(f"== {s['name']}  ({s['label']})")
         for line in s["story"]:
             print(f"   {line}")
-        unfinished = f"; unfinished, max_iters is {s['max_iters']}" if s["unfinished"] else ""
         print(
             f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
-            f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}"
+            f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
         )
         if s["n_in"] is None:
             print(f"   {s['op']}: γ and δ fixed")
@@ -645,7 +633,7 @@ CSV_COLUMNS = (
 # text cells someone else may have made that start like a spreadsheet formula get a ' first
 # (CWE-1236), as do those starting with ' (load_csv takes exactly one off); cells made from numbers
 # are written as they are
-CSV_TEXT = ("setting", "seed", "op", "commit")
+CSV_TEXT = ("setting", "commit")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 # what to do
 CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"
@@ -671,12 +659,11 @@ def write_csv(c, path):
             final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
             commit=s["commit"] or "unknown",
         )
-        for k in CSV_TEXT:  # seed is text only where config.json made it a string
+        for k in CSV_TEXT:
             if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
                 row[k] = "'" + row[k]
         rows.append(row)
-    # type, then seed
-    rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))
+    rows.sort(key=lambda r: (r["setting"], r["seed"], r["iters"]))
     text = io.StringIO()
     writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -711,7 +698,6 @@ def load_csv(path):
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
             last = {
-                "event": "eval",
                 "iter": int(r["iters"]),
                 "val_loss": float(r["val_loss"]),
                 "gamma": gamma,
@@ -723,19 +709,13 @@ def load_csv(path):
             raise ValueError(
                 f"{path}:{lineno}: not a row that corridor.py --csv writes ({e}); " f"{CSV_AGAIN}"
             ) from None
-        start = {
-            "event": "start",
-            "iter": 0,
-            "commit": r["commit"],
-            "config": config,
-            "changes": {},
-        }
+        start = {"iter": 0, "commit": r["commit"], "changes": {}}
         runs.append(
             {
                 "name": f"{r['setting']}_s{r['seed']}",
                 "path": f"{path}:{lineno}",
                 "config": config,
-                "records": [start, last],
+                "records": [last],
                 "evals": [last],
                 "starts": [start],
                 "warnings": [],
@@ -801,11 +781,14 @@ def draw_operators(run_dir, text, out_dir):
         "   per head: mean a + b·P_ii / row sum δ(1 + γ) = a + b (share of the tokens with a + b·P_ii < 0)"
     )
     L, nh = a.shape
-    cells = [
-        f"{self_weight[i]:+.3f}/{row_sum[i]:+.3f} ({negative[i]:.0%})" for i in np.ndindex(L, nh)
+    rows = [  # a row per layer
+        [str(layer + 1)]
+        + [
+            f"{self_weight[layer, h]:+.3f}/{row_sum[layer, h]:+.3f} ({negative[layer, h]:.0%})"
+            for h in range(nh)
+        ]
+        for layer in range(L)
     ]
-    # a row per layer
-    rows = [[str(layer + 1)] + cells[layer * nh : (layer + 1) * nh] for layer in range(L)]
     print_table(["layer"] + [f"head {head + 1}" for head in range(nh)], rows)
     has_gamma = hasattr(model.head_operators()[0], "gamma")
     titles = []

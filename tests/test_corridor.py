@@ -796,7 +796,7 @@ def test_csv_text_a_spreadsheet_would_evaluate_is_neutralised(tmp_path, capsys, 
     assert rows["2mix"]["val_loss"] == "-0.0164"
     runs = corridor.load_csv(str(first))
     assert sorted(r["name"] for r in runs) == ["'quoted_s0", "-cmd_s1", "=2+5_s0", "mix_s2"]
-    assert {r["records"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
+    assert {r["starts"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
     assert corridor.main([str(first), f"--csv={again}"]) == 0
     assert again.read_text() == first.read_text()
 
@@ -1063,9 +1063,11 @@ def test_experiment_ignores_only_what_cannot_change_the_result():
     """Seed, output folder, device, torch.compile and wandb settings do not make another experiment."""
     cfg = {"op": "mix", "seed": 3, "out_dir": "out/x", "device": "cuda", "compile": True, "wandb_log": True,
            "wandb_run_name": "r", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
-    assert corridor.experiment(cfg) == {"op": "mix", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
-    # op and its controls go too
-    assert json.loads(corridor.baseline_key(cfg)) == {"n_layer": 2, "max_iters": 100}
+    assert json.loads(corridor.experiment(cfg)) == {"op": "mix", "n_layer": 2, "max_iters": 100,
+                                                    "gamma_init": -0.5}
+    # the attention baseline's: op and its controls go too
+    baseline = corridor.experiment(cfg, corridor.NOT_EXPERIMENT + corridor.OP_SETTINGS)
+    assert json.loads(baseline) == {"n_layer": 2, "max_iters": 100}
 
 
 def test_which_runs_learn_gamma(tmp_path):
