@@ -202,13 +202,13 @@ def compare(runs):
     differing only in seed) with their paired statistics against the attention run of the same
     baseline and seed, ended at the same iteration."""
     sums = [summarize(r) for r in runs]
-    # experiment -> its runs; baseline -> {seed: attention run}
+    # experiment -> its runs; baseline -> its attention runs' final val losses
     groups, attention, seen = {}, {}, {}
     for s in sums:
         exp = experiment(s["config"])
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed,
-        # likewise (only exp has an 'op')
+        # likewise (only exp has an 'op'). seen[baseline, seed] is the attention run of that seed.
         key = (s["baseline"] if s["op"] == BASELINE_OP else exp, s["seed"])
         if key in seen:
             raise ValueError(
@@ -217,11 +217,8 @@ def compare(runs):
             )
         seen[key] = s
         if s["op"] == BASELINE_OP:
-            attention.setdefault(s["baseline"], {})[s["seed"]] = s
-    attention_mean = {
-        key: float(np.mean([a["final_val"] for a in by_seed.values()]))
-        for key, by_seed in attention.items()
-    }
+            attention.setdefault(s["baseline"], []).append(s["final_val"])
+    attention_mean = {key: float(np.mean(vals)) for key, vals in attention.items()}
     # diverged (NaN) last
     rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))
     for s in rows:
@@ -237,11 +234,12 @@ def compare(runs):
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
         is_baseline = cfg["op"] == BASELINE_OP
-        base = {} if is_baseline else attention.get(first["baseline"], {})  # {seed: attention run}
+        # each member with the attention run of its seed, where one ended at the same iteration
+        base = [seen.get((first["baseline"], m["seed"])) for m in members]
         pairs = [
-            (m, base[m["seed"]])
-            for m in members
-            if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]
+            (m, a)
+            for m, a in zip(members, base)
+            if a and a["final_iter"] == m["final_iter"] and not is_baseline
         ]
         paired = [m["final_val"] - a["final_val"] for m, a in pairs]
         label = [cfg["op"]] + [
@@ -412,18 +410,16 @@ def plot(c, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     drawn = {}  # file name -> figure
     with figures.plt.rc_context(figures.STYLE):
-        # the (γ, δ) figures: of one learned run
-        s = next((s for s in c["runs"] if s["learns_gamma"]), None)
-        if s is not None:
-            run, step, title = s["run"], x_axis([s]), f"{s['name']}: {s['label']}"
-            last = run["evals"][-1]
+        # the (γ, δ) figures: of the first learned run
+        for s in [s for s in c["runs"] if s["learns_gamma"]][:1]:
+            evals, step, title = s["run"]["evals"], x_axis([s]), f"{s['name']}: {s['label']}"
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
-                vals = np.array([r[key] for r in run["evals"]], dtype=float)  # (time, layer, head)
-                drawn[f"{key}_{run['name']}.png"] = figures.head_scalars(
-                    [r[step] for r in run["evals"]], vals, sym, X_LABEL[step], title
+                vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
+                drawn[f"{key}_{s['name']}.png"] = figures.head_scalars(
+                    [r[step] for r in evals], vals, sym, X_LABEL[step], title
                 )
-            drawn[f"gamma_final_{run['name']}.png"] = figures.final_gamma(
-                np.array(last["gamma"], dtype=float), f"final γ (iter {last['iter']})\n{title}"
+            drawn[f"gamma_final_{s['name']}.png"] = figures.final_gamma(
+                np.array(evals[-1]["gamma"], dtype=float), f"final γ (iter {s['final_iter']})\n{title}"
             )
         lines, step, title = val_loss_lines(c)
         drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
@@ -455,7 +451,7 @@ def fmt_p(p):
 def print_table(header, rows, left=1):
     """Columns padded to their widest cell: the first `left` left-aligned (names), the rest
     right-aligned."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    widths = [max(map(len, column)) for column in zip(header, *rows)]
     for r in [header] + rows:
         cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
         print("   " + " ".join(cells).rstrip())
@@ -516,12 +512,9 @@ def report(c, each=True):
         if s["n_in"] is None:
             print(f"   {s['op']}: γ and δ fixed")
         else:
-            n = s["n_layer"] * s["n_head"]
-            deep = (
-                f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
-                if s["frac_deep"] is not None
-                else "no layers beyond layer 1"
-            )
+            n, deep = s["n_layer"] * s["n_head"], "no layers beyond layer 1"
+            if s["frac_deep"] is not None:
+                deep = f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
             print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
