@@ -165,7 +165,7 @@ def paired_stats(diffs, level=0.95):
 
 
 def seeds(n):
-    return f"{n} seed" + ("s" if n != 1 else "")
+    return f"{n} seed{'s' if n != 1 else ''}"
 
 
 def sample_std(x):
@@ -251,7 +251,6 @@ def compare(runs):
         out.append(
             {
                 "label": " ".join(label),
-                "op": cfg["op"],
                 "config": cfg,
                 "is_baseline": is_baseline,
                 "experiment": key,
@@ -337,7 +336,7 @@ def val_loss_lines(c, max_lines=10):
     lines = []
     for g in c["groups"]:
         curves = [curve[p] for p in g["paths"]]
-        common = sorted(set.intersection(*(set(c) for c in curves)))
+        common = sorted(set.intersection(*map(set, curves)))
         lines.append(
             (
                 f"{g['setting']} ({seeds(g['n'])})",
@@ -397,7 +396,7 @@ def curve_data(groups):
             "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]],
         }
         for g in groups
-        if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])
+        if g["config"]["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])
     ]
     return {"curves": curves, "learned": learned}
 
@@ -468,8 +467,9 @@ def group_cells(g):  # one row of the seed-group table (see the legend report pr
             else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}"
         )
     )
+    cells = [g["setting"], str(g["n"]), val]
     if g["is_baseline"]:
-        return [g["setting"], str(g["n"]), val, "baseline", "", "", "", "", deep]
+        return cells + ["baseline", "", "", "", "", deep]
     ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
     diff = (
         "n/a"
@@ -478,10 +478,7 @@ def group_cells(g):  # one row of the seed-group table (see the legend report pr
     )
     # unpaired: the rest is None too
     lower = f"{g['k_lower']}/{g['n_pairs']}" if g["paired"] else "n/a"
-    return [
-        g["setting"],
-        str(g["n"]),
-        val,
+    return cells + [
         diff,
         ci,
         fmt_p(g["p_t"]),
@@ -647,8 +644,8 @@ def write_csv(c, path):
             seed=s["seed"],
             op=s["op"],
             iters=s["final_iter"],
-            val_loss=repr(float(s["final_val"])),
-            val_bpb=repr(float(last["val_bpb"])) if "val_bpb" in last else "",
+            val_loss=repr(s["final_val"]),
+            val_bpb=repr(last["val_bpb"]) if "val_bpb" in last else "",
             final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
             commit=s["commit"] or "unknown",
         )
@@ -842,8 +839,9 @@ def main(argv):
         # corridor.py --csv's
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
-        for w in [w for run in runs for w in run["warnings"]]:
-            print(f"warning: {w}", file=sys.stderr)
+        for run in runs:
+            for w in run["warnings"]:
+                print(f"warning: {w}", file=sys.stderr)
         c = compare(runs)
         report(c, each=not tables)
         written = [write_csv(c, opts.csv)] if opts.csv else []
