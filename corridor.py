@@ -54,9 +54,9 @@ LEARNED_OP = "mix"
 
 
 def summarize(run):
-    """The numbers of one run (support/rundir.load_run's) at its last eval, with the settings that
-    made them: its label (op, changed controls, the seed it is paired under) and its story, a line
-    per resume."""
+    """The numbers of one run (support/rundir.load_run's, with all it holds) at its last eval,
+    with the settings that made them: its label (op, changed controls, the seed it is paired
+    under) and its story, a line per resume."""
     cfg, starts, last = run["config"], run["starts"], run["evals"][-1]
     gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
     fixed = cfg["op"] in FIXED_OPS
@@ -88,9 +88,7 @@ def summarize(run):
     max_iters = cfg.get("max_iters", last["iter"])
     unfinished = last["iter"] < max_iters and not cfg.get("eval_only")
     return {
-        "name": run["name"],
-        "path": run["path"],
-        "run": run,
+        **run,  # its name, path and records
         "label": label,
         "story": story,
         "config": {**cfg, "seed": seed},
@@ -319,14 +317,14 @@ X_LABEL = {"tokens": "tokens", "iter": "iteration"}
 def x_axis(sums):
     """The figures' x axis: tokens when every eval record has them (older logs do not), else
     iterations."""
-    return "tokens" if all("tokens" in r for s in sums for r in s["run"]["evals"]) else "iter"
+    return "tokens" if all("tokens" in r for s in sums for r in s["evals"]) else "iter"
 
 
 def val_loss_lines(c, max_lines=10):
     """val_loss.png's lines (label, {x: val loss}), x key and title: one per run, or beyond
     max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
     step = x_axis(c["runs"])
-    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["run"]["evals"]} for s in c["runs"]}
+    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["evals"]} for s in c["runs"]}
     if len(c["runs"]) <= max_lines:
         return (
             [(f"{s['name']} ({s['label']})", curve[s["path"]]) for s in c["runs"]],
@@ -411,7 +409,7 @@ def plot(c, out_dir):
     with figures.plt.rc_context(figures.STYLE):
         # the (γ, δ) figures: of the first learned run
         for s in [s for s in c["runs"] if s["learns_gamma"]][:1]:
-            evals, step, title = s["run"]["evals"], x_axis([s]), f"{s['name']}: {s['label']}"
+            evals, step, title = s["evals"], x_axis([s]), f"{s['name']}: {s['label']}"
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
                 vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
                 drawn[f"{key}_{s['name']}.png"] = figures.head_scalars(
@@ -637,7 +635,7 @@ def write_csv(c, path):
     """
     rows = []
     for s in c["runs"]:
-        cfg, last = s["config"], s["run"]["evals"][-1]
+        cfg, last = s["config"], s["evals"][-1]
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
         row.update(
             setting=setting_name(s["name"]),
