@@ -88,7 +88,7 @@ def summarize(run):
     max_iters = cfg.get("max_iters", last["iter"])
     unfinished = last["iter"] < max_iters and not cfg.get("eval_only")
     return {
-        **run,  # its name, path and records
+        **run,  # its name, path, records and checkpoint's iteration
         "label": label,
         "story": story,
         "config": {**cfg, "seed": seed},
@@ -97,7 +97,6 @@ def summarize(run):
         "op": cfg["op"],
         "learns_gamma": not fixed and cfg.get("learn_gamma", True),
         "unfinished": f"; unfinished, max_iters is {max_iters}" if unfinished else "",
-        "iter": run["ckpt_iter"],
         "commit": starts[0].get("commit") if starts else None,
         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
         "best_val": best["val_loss"],
@@ -501,7 +500,7 @@ def report(c, each=True):
         for line in s["story"]:
             print(f"   {line}")
         print(
-            f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
+            f"   tokens {fmt(s['tokens'], ',')}, iter {s['ckpt_iter']}; val loss best {s['best_val']:.4f} "
             f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
         )
         if s["n_in"] is None:
