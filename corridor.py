@@ -617,9 +617,9 @@ CSV_COLUMNS = (
     "final_gamma",
     "commit",
 )
-# text cells someone else may have made that start like a spreadsheet formula get a ' first
-# (CWE-1236), as do those starting with ' (load_csv takes exactly one off); cells made from numbers
-# are written as they are
+# text cells someone else may have made (a folder's name, a log's commit) that start like a
+# spreadsheet formula get a ' first (CWE-1236), as do those starting with ' (load_csv takes exactly
+# one off); cells made from numbers are written as they are
 CSV_TEXT = ("setting", "commit")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 # what to do
@@ -647,7 +647,7 @@ def write_csv(c, path):
             commit=s["commit"] or "unknown",
         )
         for k in CSV_TEXT:
-            if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
+            if row[k].startswith(FORMULA_START):
                 row[k] = "'" + row[k]
         rows.append(row)
     rows.sort(key=lambda r: (r["setting"], r["seed"], r["iters"]))
