@@ -254,8 +254,7 @@ def compare(runs):
                 "confirmation": confirmation,
                 "baseline_key": first["baseline"],
                 "learns_gamma": first["learns_gamma"],
-                "names": [m["name"] for m in members],
-                "paths": [m["path"] for m in members],
+                "runs": members,
                 "n": len(members),
                 "val_mean": float(val.mean()),
                 "val_std": sample_std(val),
@@ -269,7 +268,7 @@ def compare(runs):
             }
         )
     # the name to print: the runs' directory name without _s<seed>, if theirs alone; else the label
-    names = [({setting_name(n) for n in g["names"]}, g["confirmation"]) for g in out]
+    names = [({setting_name(m["name"]) for m in g["runs"]}, g["confirmation"]) for g in out]
     for g, (own, confirmation) in zip(out, names):
         unique = len(own) == 1 and sum(own <= other for other, c in names if c == confirmation) == 1
         name = next(iter(own)) if unique else g["label"]
@@ -332,7 +331,7 @@ def val_loss_lines(c, max_lines=10):
         )
     lines = []
     for g in c["groups"]:
-        curves = [curve[p] for p in g["paths"]]
+        curves = [curve[m["path"]] for m in g["runs"]]
         common = sorted(set.intersection(*map(set, curves)))
         lines.append(
             (
