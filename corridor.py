@@ -414,7 +414,8 @@ def plot(c, out_dir):
                     [r[step] for r in evals], vals, sym, X_LABEL[step], title
                 )
             drawn[f"gamma_final_{s['name']}.png"] = figures.final_gamma(
-                np.array(evals[-1]["gamma"], dtype=float), f"final γ (iter {s['final_iter']})\n{title}"
+                np.array(evals[-1]["gamma"], dtype=float),
+                f"final γ (iter {s['final_iter']})\n{title}",
             )
         lines, step, title = val_loss_lines(c)
         drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
@@ -499,8 +500,9 @@ def report(c, each=True):
         for line in s["story"]:
             print(f"   {line}")
         print(
-            f"   tokens {fmt(s['tokens'], ',')}, iter {s['ckpt_iter']}; val loss best {s['best_val']:.4f} "
-            f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
+            f"   tokens {fmt(s['tokens'], ',')}, iter {s['ckpt_iter']}; "
+            f"val loss best {s['best_val']:.4f} (iter {s['best_iter']}), "
+            f"final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
         )
         if s["n_in"] is None:
             print(f"   {s['op']}: γ and δ fixed")
