@@ -54,14 +54,16 @@ LEARNED_OP = "mix"
 
 
 def summarize(run):
-    """The numbers of one run (support/rundir.load_run's) at its last eval, with the settings that
-    made them: its label (op, changed controls, the seed it is paired under) and its story, a line
-    per resume."""
+    """The numbers of one run (support/rundir.load_run's, with all it holds) at its last eval,
+    with the settings that made them: its label (op, changed controls, the seed it is paired
+    under) and its story, a line per resume."""
     cfg, starts, last = run["config"], run["starts"], run["evals"][-1]
     gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
-    delta = np.array(last["delta"], dtype=float)  # (layer, head)
-    # open: −1 (Laplacian) and 0 (attention) are its endpoints
-    inside = (gamma > -1.0) & (gamma < 0.0)
+    fixed = cfg["op"] in FIXED_OPS
+    # the corridor, of heads whose γ could move: open, −1 (Laplacian) and 0 (attention) are its
+    # endpoints; "deep" is beyond layer 1, where there is one
+    inside = None if fixed else (gamma > -1.0) & (gamma < 0.0)  # (layer, head)
+    deep = None if fixed or len(gamma) < 2 else inside[1:]
     best = min(
         run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf
     )
@@ -84,18 +86,17 @@ def summarize(run):
             f"checkpoint (iter {run['ckpt_iter']}), so no checkpoint holds them"
         )
     max_iters = cfg.get("max_iters", last["iter"])
-    s = {
-        "name": run["name"],
-        "path": run["path"],
-        "run": run,
+    unfinished = last["iter"] < max_iters and not cfg.get("eval_only")
+    return {
+        **run,  # its name, path, records and checkpoint's iteration
         "label": label,
         "story": story,
         "config": {**cfg, "seed": seed},
+        "seed": seed,
+        "baseline": experiment(cfg, NOT_EXPERIMENT + OP_SETTINGS),
         "op": cfg["op"],
-        "learns_gamma": cfg["op"] not in FIXED_OPS and cfg.get("learn_gamma", True),
-        "unfinished": last["iter"] < max_iters and not cfg.get("eval_only"),
-        "max_iters": max_iters,
-        "iter": max(r["iter"] for r in run["records"]),
+        "learns_gamma": not fixed and cfg.get("learn_gamma", True),
+        "unfinished": f"; unfinished, max_iters is {max_iters}" if unfinished else "",
         "commit": starts[0].get("commit") if starts else None,
         "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
         "best_val": best["val_loss"],
@@ -105,17 +106,12 @@ def summarize(run):
         "n_layer": gamma.shape[0],
         "n_head": gamma.shape[1],
         "layer_gamma": gamma.mean(axis=1).tolist(),
-        "layer_delta": delta.mean(axis=1).tolist(),
-        "n_in": None,
-        "frac_in": None,
-        "n_in_deep": None,
-        "frac_deep": None,
+        "layer_delta": np.mean(last["delta"], axis=1).tolist(),
+        "n_in": None if fixed else int(inside.sum()),
+        "frac_in": None if fixed else float(inside.mean()),
+        "n_in_deep": None if deep is None else int(deep.sum()),
+        "frac_deep": None if deep is None else float(deep.mean()),
     }
-    if cfg["op"] not in FIXED_OPS:  # the corridor counts: of heads whose γ could move
-        s["n_in"], s["frac_in"] = int(inside.sum()), float(inside.mean())
-        if gamma.shape[0] > 1:
-            s["n_in_deep"], s["frac_deep"] = int(inside[1:].sum()), float(inside[1:].mean())
-    return s
 
 
 def controls(config):
@@ -166,7 +162,7 @@ def paired_stats(diffs, level=0.95):
 
 
 def seeds(n):
-    return f"{n} seed" + ("s" if n != 1 else "")
+    return f"{n} seed{'s' if n != 1 else ''}"
 
 
 def sample_std(x):
@@ -179,17 +175,13 @@ def setting_name(name):
     return re.sub(r"_s\d+$", "", name)
 
 
-def experiment(config):
-    return {
-        k: v for k, v in config.items() if k not in NOT_EXPERIMENT and not k.startswith("wandb")
-    }
-
-
-def baseline_key(config):
-    """What a run's attention baseline must share with it: the experiment but the op and its
-    controls (so 3600-iteration runs are compared with 3600-iteration attention runs)."""
+def experiment(config, ignore=NOT_EXPERIMENT):
+    """The settings a run's result depends on, as a JSON text to group by. What its attention
+    baseline must share with it: experiment(config, NOT_EXPERIMENT + OP_SETTINGS), all but the op
+    and its controls (so 3600-iteration runs are compared with 3600-iteration attention runs)."""
     return json.dumps(
-        {k: v for k, v in experiment(config).items() if k not in OP_SETTINGS}, sort_keys=True
+        {k: v for k, v in config.items() if k not in ignore and not k.startswith("wandb")},
+        sort_keys=True,
     )
 
 
@@ -205,16 +197,15 @@ def differing_keys(configs):
 def compare(runs):
     """Every run's summary (runs: as given; rows: by final val loss), and the seed groups (runs
     differing only in seed) with their paired statistics against the attention run of the same
-    baseline_key and seed, ended at the same iteration."""
+    baseline and seed, ended at the same iteration."""
     sums = [summarize(r) for r in runs]
-    # experiment -> its runs; baseline -> {seed: attention run}
+    # experiment -> its runs; baseline -> its attention runs' final val losses
     groups, attention, seen = {}, {}, {}
     for s in sums:
-        s["seed"], s["baseline"] = s["config"].get("seed"), baseline_key(s["config"])
-        exp = json.dumps(experiment(s["config"]), sort_keys=True)
+        exp = experiment(s["config"])
         groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed,
-        # likewise (only exp has an 'op')
+        # likewise (only exp has an 'op'). seen[baseline, seed] is the attention run of that seed.
         key = (s["baseline"] if s["op"] == BASELINE_OP else exp, s["seed"])
         if key in seen:
             raise ValueError(
@@ -223,11 +214,8 @@ def compare(runs):
             )
         seen[key] = s
         if s["op"] == BASELINE_OP:
-            attention.setdefault(s["baseline"], {})[s["seed"]] = s
-    attention_mean = {
-        key: float(np.mean([a["final_val"] for a in by_seed.values()]))
-        for key, by_seed in attention.items()
-    }
+            attention.setdefault(s["baseline"], []).append(s["final_val"])
+    attention_mean = {key: float(np.mean(vals)) for key, vals in attention.items()}
     # diverged (NaN) last
     rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))
     for s in rows:
@@ -243,11 +231,12 @@ def compare(runs):
         val = np.array([m["final_val"] for m in members])
         deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
         is_baseline = cfg["op"] == BASELINE_OP
-        base = {} if is_baseline else attention.get(first["baseline"], {})  # {seed: attention run}
+        # each member with the attention run of its seed, where one ended at the same iteration
+        base = [seen.get((first["baseline"], m["seed"])) for m in members]
         pairs = [
-            (m, base[m["seed"]])
-            for m in members
-            if m["seed"] in base and base[m["seed"]]["final_iter"] == m["final_iter"]
+            (m, a)
+            for m, a in zip(members, base)
+            if a and a["final_iter"] == m["final_iter"] and not is_baseline
         ]
         paired = [m["final_val"] - a["final_val"] for m, a in pairs]
         label = [cfg["op"]] + [
@@ -259,15 +248,13 @@ def compare(runs):
         out.append(
             {
                 "label": " ".join(label),
-                "op": cfg["op"],
                 "config": cfg,
                 "is_baseline": is_baseline,
                 "experiment": key,
                 "confirmation": confirmation,
                 "baseline_key": first["baseline"],
                 "learns_gamma": first["learns_gamma"],
-                "names": [m["name"] for m in members],
-                "paths": [m["path"] for m in members],
+                "runs": members,
                 "n": len(members),
                 "val_mean": float(val.mean()),
                 "val_std": sample_std(val),
@@ -281,27 +268,20 @@ def compare(runs):
             }
         )
     # the name to print: the runs' directory name without _s<seed>, if theirs alone; else the label
-    names = [({setting_name(n) for n in g["names"]}, g["confirmation"]) for g in out]
+    names = [({setting_name(m["name"]) for m in g["runs"]}, g["confirmation"]) for g in out]
     for g, (own, confirmation) in zip(out, names):
         unique = len(own) == 1 and sum(own <= other for other, c in names if c == confirmation) == 1
         name = next(iter(own)) if unique else g["label"]
         g["setting"] = name + (" (confirmation)" if confirmation else "")
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's
-    # val loss)
-    block = {
-        key: min(
-            [g["val_mean"] for g in out if g["is_baseline"] and g["baseline_key"] == key],
-            default=math.inf,
-        )
-        for key in {g["baseline_key"] for g in out}
-    }
+    # val loss, those without one last)
     return {
         "runs": sums,
         "rows": rows,
         "groups": sorted(
             out,
             key=lambda g: (
-                block[g["baseline_key"]],
+                attention_mean.get(g["baseline_key"], math.inf),
                 g["baseline_key"],
                 math.isnan(g["val_mean"]),
                 g["val_mean"],
@@ -335,14 +315,14 @@ X_LABEL = {"tokens": "tokens", "iter": "iteration"}
 def x_axis(sums):
     """The figures' x axis: tokens when every eval record has them (older logs do not), else
     iterations."""
-    return "tokens" if all("tokens" in r for s in sums for r in s["run"]["evals"]) else "iter"
+    return "tokens" if all("tokens" in r for s in sums for r in s["evals"]) else "iter"
 
 
 def val_loss_lines(c, max_lines=10):
     """val_loss.png's lines (label, {x: val loss}), x key and title: one per run, or beyond
     max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
     step = x_axis(c["runs"])
-    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["run"]["evals"]} for s in c["runs"]}
+    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["evals"]} for s in c["runs"]}
     if len(c["runs"]) <= max_lines:
         return (
             [(f"{s['name']} ({s['label']})", curve[s["path"]]) for s in c["runs"]],
@@ -351,8 +331,8 @@ def val_loss_lines(c, max_lines=10):
         )
     lines = []
     for g in c["groups"]:
-        curves = [curve[p] for p in g["paths"]]
-        common = sorted(set.intersection(*(set(c) for c in curves)))
+        curves = [curve[m["path"]] for m in g["runs"]]
+        common = sorted(set.intersection(*map(set, curves)))
         lines.append(
             (
                 f"{g['setting']} ({seeds(g['n'])})",
@@ -412,7 +392,7 @@ def curve_data(groups):
             "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]],
         }
         for g in groups
-        if g["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])
+        if g["config"]["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])
     ]
     return {"curves": curves, "learned": learned}
 
@@ -425,18 +405,17 @@ def plot(c, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     drawn = {}  # file name -> figure
     with figures.plt.rc_context(figures.STYLE):
-        # the (γ, δ) figures: of one learned run
-        s = next((s for s in c["runs"] if s["learns_gamma"]), None)
-        if s is not None:
-            run, step, title = s["run"], x_axis([s]), f"{s['name']}: {s['label']}"
-            last = run["evals"][-1]
+        # the (γ, δ) figures: of the first learned run
+        for s in [s for s in c["runs"] if s["learns_gamma"]][:1]:
+            evals, step, title = s["evals"], x_axis([s]), f"{s['name']}: {s['label']}"
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
-                vals = np.array([r[key] for r in run["evals"]], dtype=float)  # (time, layer, head)
-                drawn[f"{key}_{run['name']}.png"] = figures.head_scalars(
-                    [r[step] for r in run["evals"]], vals, sym, X_LABEL[step], title
+                vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
+                drawn[f"{key}_{s['name']}.png"] = figures.head_scalars(
+                    [r[step] for r in evals], vals, sym, X_LABEL[step], title
                 )
-            drawn[f"gamma_final_{run['name']}.png"] = figures.final_gamma(
-                np.array(last["gamma"], dtype=float), f"final γ (iter {last['iter']})\n{title}"
+            drawn[f"gamma_final_{s['name']}.png"] = figures.final_gamma(
+                np.array(evals[-1]["gamma"], dtype=float),
+                f"final γ (iter {s['final_iter']})\n{title}",
             )
         lines, step, title = val_loss_lines(c)
         drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
@@ -468,7 +447,7 @@ def fmt_p(p):
 def print_table(header, rows, left=1):
     """Columns padded to their widest cell: the first `left` left-aligned (names), the rest
     right-aligned."""
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    widths = [max(map(len, column)) for column in zip(header, *rows)]
     for r in [header] + rows:
         cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
         print("   " + " ".join(cells).rstrip())
@@ -485,8 +464,9 @@ def group_cells(g):  # one row of the seed-group table (see the legend report pr
             else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}"
         )
     )
+    cells = [g["setting"], str(g["n"]), val]
     if g["is_baseline"]:
-        return [g["setting"], str(g["n"]), val, "baseline", "", "", "", "", deep]
+        return cells + ["baseline", "", "", "", "", deep]
     ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
     diff = (
         "n/a"
@@ -495,10 +475,7 @@ def group_cells(g):  # one row of the seed-group table (see the legend report pr
     )
     # unpaired: the rest is None too
     lower = f"{g['k_lower']}/{g['n_pairs']}" if g["paired"] else "n/a"
-    return [
-        g["setting"],
-        str(g["n"]),
-        val,
+    return cells + [
         diff,
         ci,
         fmt_p(g["p_t"]),
@@ -522,20 +499,17 @@ def report(c, each=True):
         print(f"== {s['name']}  ({s['label']})")
         for line in s["story"]:
             print(f"   {line}")
-        unfinished = f"; unfinished, max_iters is {s['max_iters']}" if s["unfinished"] else ""
         print(
-            f"   tokens {fmt(s['tokens'], ',')}, iter {s['iter']}; val loss best {s['best_val']:.4f} "
-            f"(iter {s['best_iter']}), final {s['final_val']:.4f} (iter {s['final_iter']}){unfinished}"
+            f"   tokens {fmt(s['tokens'], ',')}, iter {s['ckpt_iter']}; "
+            f"val loss best {s['best_val']:.4f} (iter {s['best_iter']}), "
+            f"final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
         )
         if s["n_in"] is None:
             print(f"   {s['op']}: γ and δ fixed")
         else:
-            n = s["n_layer"] * s["n_head"]
-            deep = (
-                f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
-                if s["frac_deep"] is not None
-                else "no layers beyond layer 1"
-            )
+            n, deep = s["n_layer"] * s["n_head"], "no layers beyond layer 1"
+            if s["frac_deep"] is not None:
+                deep = f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
             print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
@@ -644,10 +618,10 @@ CSV_COLUMNS = (
     "final_gamma",
     "commit",
 )
-# text cells someone else may have made that start like a spreadsheet formula get a ' first
-# (CWE-1236), as do those starting with ' (load_csv takes exactly one off); cells made from numbers
-# are written as they are
-CSV_TEXT = ("setting", "seed", "op", "commit")
+# text cells someone else may have made (a folder's name, a log's commit) that start like a
+# spreadsheet formula get a ' first (CWE-1236), as do those starting with ' (load_csv takes exactly
+# one off); cells made from numbers are written as they are
+CSV_TEXT = ("setting", "commit")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
 # what to do
 CSV_AGAIN = "write the table again: python corridor.py RUN_DIR [RUN_DIR ...] --csv=PATH"
@@ -661,24 +635,23 @@ def write_csv(c, path):
     """
     rows = []
     for s in c["runs"]:
-        cfg, last = s["config"], s["run"]["evals"][-1]
+        cfg, last = s["config"], s["evals"][-1]
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
         row.update(
             setting=setting_name(s["name"]),
             seed=s["seed"],
             op=s["op"],
             iters=s["final_iter"],
-            val_loss=repr(float(s["final_val"])),
-            val_bpb=repr(float(last["val_bpb"])) if "val_bpb" in last else "",
+            val_loss=repr(s["final_val"]),
+            val_bpb=repr(last["val_bpb"]) if "val_bpb" in last else "",
             final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
             commit=s["commit"] or "unknown",
         )
-        for k in CSV_TEXT:  # seed is text only where config.json made it a string
-            if isinstance(row[k], str) and row[k].startswith(FORMULA_START):
+        for k in CSV_TEXT:
+            if row[k].startswith(FORMULA_START):
                 row[k] = "'" + row[k]
         rows.append(row)
-    # type, then seed
-    rows.sort(key=lambda r: (r["setting"], str(type(r["seed"])), r["seed"], r["iters"]))
+    rows.sort(key=lambda r: (r["setting"], r["seed"], r["iters"]))
     text = io.StringIO()
     writer = csv.DictWriter(text, CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -713,7 +686,6 @@ def load_csv(path):
             config.update(op=r["op"], seed=int(r["seed"]), max_iters=int(r["iters"]))
             gamma = [[float(g) for g in layer.split()] for layer in r["final_gamma"].split(";")]
             last = {
-                "event": "eval",
                 "iter": int(r["iters"]),
                 "val_loss": float(r["val_loss"]),
                 "gamma": gamma,
@@ -725,19 +697,13 @@ def load_csv(path):
             raise ValueError(
                 f"{path}:{lineno}: not a row that corridor.py --csv writes ({e}); " f"{CSV_AGAIN}"
             ) from None
-        start = {
-            "event": "start",
-            "iter": 0,
-            "commit": r["commit"],
-            "config": config,
-            "changes": {},
-        }
+        start = {"iter": 0, "commit": r["commit"], "changes": {}}
         runs.append(
             {
                 "name": f"{r['setting']}_s{r['seed']}",
                 "path": f"{path}:{lineno}",
                 "config": config,
-                "records": [start, last],
+                "records": [last],
                 "evals": [last],
                 "starts": [start],
                 "warnings": [],
@@ -803,11 +769,14 @@ def draw_operators(run_dir, text, out_dir):
         "   per head: mean a + b·P_ii / row sum δ(1 + γ) = a + b (share of the tokens with a + b·P_ii < 0)"
     )
     L, nh = a.shape
-    cells = [
-        f"{self_weight[i]:+.3f}/{row_sum[i]:+.3f} ({negative[i]:.0%})" for i in np.ndindex(L, nh)
+    rows = [  # a row per layer
+        [str(layer + 1)]
+        + [
+            f"{self_weight[layer, h]:+.3f}/{row_sum[layer, h]:+.3f} ({negative[layer, h]:.0%})"
+            for h in range(nh)
+        ]
+        for layer in range(L)
     ]
-    # a row per layer
-    rows = [[str(layer + 1)] + cells[layer * nh : (layer + 1) * nh] for layer in range(L)]
     print_table(["layer"] + [f"head {head + 1}" for head in range(nh)], rows)
     has_gamma = hasattr(model.head_operators()[0], "gamma")
     titles = []
@@ -868,8 +837,9 @@ def main(argv):
         # corridor.py --csv's
         tables = [p for p in paths if p.endswith(".csv") and not os.path.isdir(p)]
         runs = [run for p in paths for run in (load_csv(p) if p in tables else [load_run(p)])]
-        for w in [w for run in runs for w in run["warnings"]]:
-            print(f"warning: {w}", file=sys.stderr)
+        for run in runs:
+            for w in run["warnings"]:
+                print(f"warning: {w}", file=sys.stderr)
         c = compare(runs)
         report(c, each=not tables)
         written = [write_csv(c, opts.csv)] if opts.csv else []

@@ -114,7 +114,7 @@ def test_seed_groups_mean_std(tmp_path):
     assert [(g["label"], g["n"]) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3),
                                                       ("attention", 2)]
     mix, attn = groups[1], groups[2]
-    assert mix["names"] == ["mix_s0", "mix_s1", "mix_s2"]
+    assert [m["name"] for m in mix["runs"]] == ["mix_s0", "mix_s1", "mix_s2"]
     assert mix["val_mean"] == pytest.approx(1.9) and mix["val_std"] == pytest.approx(0.1)
     assert mix["deep_mean"] == pytest.approx(2 / 3) and mix["deep_std"] == pytest.approx(0.288675, abs=1e-6)
     assert attn["val_mean"] == pytest.approx(2.1) and attn["val_std"] == pytest.approx(0.141421, abs=1e-6)
@@ -500,7 +500,7 @@ def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_
     dirs = ["out/attn_s1337", "out/attn_s7", "out/mix_s7", "out/mix_r"]
     runs = [corridor.load_run(d) for d in dirs]
     mix = group(corridor.compare(runs), "mix")
-    assert mix["names"] == ["mix_s7", "mix_r"] and mix["paired_seeds"] == [7, 1337]
+    assert [m["name"] for m in mix["runs"]] == ["mix_s7", "mix_r"] and mix["paired_seeds"] == [7, 1337]
     attention = {r["config"]["seed"]: r["evals"][-1]["val_loss"] for r in runs[:2]}
     assert mix["paired"][1] == runs[3]["evals"][-1]["val_loss"] - attention[1337]
     capsys.readouterr()
@@ -796,7 +796,7 @@ def test_csv_text_a_spreadsheet_would_evaluate_is_neutralised(tmp_path, capsys, 
     assert rows["2mix"]["val_loss"] == "-0.0164"
     runs = corridor.load_csv(str(first))
     assert sorted(r["name"] for r in runs) == ["'quoted_s0", "-cmd_s1", "=2+5_s0", "mix_s2"]
-    assert {r["records"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
+    assert {r["starts"][0]["commit"] for r in runs} == {"@SUM(1+1)", "unknown"}
     assert corridor.main([str(first), f"--csv={again}"]) == 0
     assert again.read_text() == first.read_text()
 
@@ -1063,9 +1063,11 @@ def test_experiment_ignores_only_what_cannot_change_the_result():
     """Seed, output folder, device, torch.compile and wandb settings do not make another experiment."""
     cfg = {"op": "mix", "seed": 3, "out_dir": "out/x", "device": "cuda", "compile": True, "wandb_log": True,
            "wandb_run_name": "r", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
-    assert corridor.experiment(cfg) == {"op": "mix", "n_layer": 2, "max_iters": 100, "gamma_init": -0.5}
-    # op and its controls go too
-    assert json.loads(corridor.baseline_key(cfg)) == {"n_layer": 2, "max_iters": 100}
+    assert json.loads(corridor.experiment(cfg)) == {"op": "mix", "n_layer": 2, "max_iters": 100,
+                                                    "gamma_init": -0.5}
+    # the attention baseline's: op and its controls go too
+    baseline = corridor.experiment(cfg, corridor.NOT_EXPERIMENT + corridor.OP_SETTINGS)
+    assert json.loads(baseline) == {"n_layer": 2, "max_iters": 100}
 
 
 def test_which_runs_learn_gamma(tmp_path):
