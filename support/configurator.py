@@ -174,7 +174,7 @@ def check(key, value, defaults, rules):
         raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                           "; python SCRIPT --help lists them all"))
     rule = rules.get(key)
-    if defaults[key] is not None and not (value is None and getattr(rule, "allows_none", False)):
+    if defaults[key] is not None and not getattr(rule, "allows_none", False):  # optional types it
         value = typed(key, value, type(defaults[key]))
     return rule(key, value) if rule else value
 
