@@ -61,15 +61,16 @@ KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)",
                  stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
 
 
-def not_regular(path, mode):
+def not_regular(path):
+    mode = os.lstat(path).st_mode  # lstat: a link itself
     kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
     return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
                        "through a link)")
 
 
 def refuse_unless_regular(path):
-    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
-        raise not_regular(path, os.lstat(path).st_mode)
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        raise not_regular(path)
 
 
 def open_regular(path, mode="rb", encoding=None):
@@ -84,12 +85,11 @@ def open_regular(path, mode="rb", encoding=None):
         # a link, a folder
         refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
         if e.errno in refused and os.path.lexists(path):
-            raise not_regular(path, os.lstat(path).st_mode) from None
+            raise not_regular(path) from None
         raise
-    st_mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(st_mode):
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise not_regular(path, st_mode)
+        raise not_regular(path)
     f = os.fdopen(fd, mode)
     return f if encoding is None else io.TextIOWrapper(f, encoding=encoding)
 
