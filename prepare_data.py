@@ -425,11 +425,8 @@ def prepare(corpus, out_dir="data", **options):
             return source(out_dir, **options)
     input = options.pop("input", None)
     # the name: the input's for text (books/ -> books, moby.txt -> moby), else the corpus's
-    default = corpus
-    if input is not None:
-        default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
-    name = check_dataset_name("name", options.pop("name", default))
-    docs = list(source() if input is None else source(input))
+    name = check_dataset_name("name", options.pop("name", Path(input).stem if input else corpus))
+    docs = list(source(input) if input else source())
     with preparing(out_dir, name):
         return prepare_documents(name, docs, out_dir, **options)
 
