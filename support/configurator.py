@@ -257,11 +257,11 @@ def print_help(defaults, help_from):
 
 def read_config_file(path):
     """The names a config file assigns (it is Python, like nanoGPT's), as a dict."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
-                          "(settings are written --key=value)")
     try:
         f = open_regular(path, encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):  # config/nope.py, train.py/x.py
+        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
+                          "(settings are written --key=value)") from None
     except ConfigError as e:  # a folder or a FIFO, say: it is named for what it is
         raise ConfigError(f"config file {e}; pass a file like config/train_demo.py") from None
     scope = {}
