@@ -5,6 +5,7 @@ it, and CPU memory.
 """
 import ctypes
 import os
+import re
 from contextlib import nullcontext
 
 import torch
@@ -29,8 +30,7 @@ def exit_status(e):
 
 
 def device_rule(key, value):
-    kind, _, index = value.partition(":")
-    if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
         raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
     return value
 
