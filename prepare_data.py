@@ -558,8 +558,8 @@ def hub_download(repo, revision, file, size, staging):
             shutil.rmtree(download_dir, ignore_errors=True)  # the partial download's space
             raise
         raise hub_error(e, repo, revision, file) from None
-    if os.path.getsize(path) != size:
-        got = os.path.getsize(path)
+    got = os.path.getsize(path)
+    if got != size:
         os.remove(path)
         raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; "
                         "deleted it, run the same command again to fetch it anew")
