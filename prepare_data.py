@@ -425,11 +425,8 @@ def prepare(corpus, out_dir="data", **options):
             return source(out_dir, **options)
     input = options.pop("input", None)
     # the name: the input's for text (books/ -> books, moby.txt -> moby), else the corpus's
-    default = corpus
-    if input is not None:
-        default = os.path.splitext(os.path.basename(os.path.normpath(input)))[0]
-    name = check_dataset_name("name", options.pop("name", default))
-    docs = list(source() if input is None else source(input))
+    name = check_dataset_name("name", options.pop("name", Path(input).stem if input else corpus))
+    docs = list(source(input) if input else source())
     with preparing(out_dir, name):
         return prepare_documents(name, docs, out_dir, **options)
 
@@ -561,8 +558,8 @@ def hub_download(repo, revision, file, size, staging):
             shutil.rmtree(download_dir, ignore_errors=True)  # the partial download's space
             raise
         raise hub_error(e, repo, revision, file) from None
-    if os.path.getsize(path) != size:
-        got = os.path.getsize(path)
+    got = os.path.getsize(path)
+    if got != size:
         os.remove(path)
         raise DataError(f"{file}: the download has {got:,} bytes but the hub lists {size:,}; "
                         "deleted it, run the same command again to fetch it anew")

@@ -46,7 +46,7 @@ RULES = dict(num_samples=at_least(1), max_new_tokens=at_least(0), seed=SEED, dev
 def read_prompt(start):
     if not start.startswith("FILE:"):
         return start
-    path = start[len("FILE:"):]
+    path = start.removeprefix("FILE:")
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()

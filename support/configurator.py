@@ -61,15 +61,16 @@ KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)",
                  stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
 
 
-def not_regular(path, mode):
+def not_regular(path):
+    mode = os.lstat(path).st_mode  # lstat: a link itself
     kind = next((name for test, name in KINDS_OF_FILE.items() if test(mode)), "of another kind")
     return ConfigError(f"{path} is {kind}, not a regular file (only regular files are read or written, never "
                        "through a link)")
 
 
 def refuse_unless_regular(path):
-    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # lstat: the link itself
-        raise not_regular(path, os.lstat(path).st_mode)
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        raise not_regular(path)
 
 
 def open_regular(path, mode="rb", encoding=None):
@@ -84,12 +85,11 @@ def open_regular(path, mode="rb", encoding=None):
         # a link, a folder
         refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
         if e.errno in refused and os.path.lexists(path):
-            raise not_regular(path, os.lstat(path).st_mode) from None
+            raise not_regular(path) from None
         raise
-    st_mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(st_mode):
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise not_regular(path, st_mode)
+        raise not_regular(path)
     f = os.fdopen(fd, mode)
     return f if encoding is None else io.TextIOWrapper(f, encoding=encoding)
 
@@ -174,7 +174,7 @@ def check(key, value, defaults, rules):
         raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else
                                                           "; python SCRIPT --help lists them all"))
     rule = rules.get(key)
-    if defaults[key] is not None and not (value is None and getattr(rule, "allows_none", False)):
+    if defaults[key] is not None and not getattr(rule, "allows_none", False):  # optional types it
         value = typed(key, value, type(defaults[key]))
     return rule(key, value) if rule else value
 
@@ -257,11 +257,11 @@ def print_help(defaults, help_from):
 
 def read_config_file(path):
     """The names a config file assigns (it is Python, like nanoGPT's), as a dict."""
-    if not os.path.lexists(path):
-        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
-                          "(settings are written --key=value)")
     try:
         f = open_regular(path, encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):  # config/nope.py, train.py/x.py
+        raise ConfigError(f"config file {path!r} not found; pass a file like config/train_demo.py "
+                          "(settings are written --key=value)") from None
     except ConfigError as e:  # a folder or a FIFO, say: it is named for what it is
         raise ConfigError(f"config file {e}; pass a file like config/train_demo.py") from None
     scope = {}

@@ -5,6 +5,7 @@ it, and CPU memory.
 """
 import ctypes
 import os
+import re
 from contextlib import nullcontext
 
 import torch
@@ -29,8 +30,7 @@ def exit_status(e):
 
 
 def device_rule(key, value):
-    kind, _, index = value.partition(":")
-    if value not in ("auto", "cpu", "mps", "cuda") and not (kind == "cuda" and index.isdigit()):
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
         raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
     return value
 
@@ -38,12 +38,13 @@ def device_rule(key, value):
 def pick_device(dev, local_rank=None):
     """(device, its type) for a device setting: auto is cuda > mps > cpu, without touching CUDA on a
     machine that has none; under torchrun, cuda is this process's GPU."""
+    # in order of preference, for auto
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        dev = next(kind for kind, ok in available.items() if ok)
     if dev == "cuda" and local_rank is not None:
         dev = f"cuda:{local_rank}"
     device_type = dev.split(":")[0]
-    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
     if not available[device_type]:
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such "
                           "device; use --device=cpu")

@@ -219,7 +219,7 @@ WPE = "transformer.wpe.weight"
     (lambda c: c["model_args"]["controls"].update(bogus=1), "bogus is not a control of op='mix'"),
     (lambda c: c["model_args"]["controls"].update(gamma_init=None),
      "error: gamma_init=None is not allowed: it must be a finite number"),
-    (lambda c: c["meta"].update(chars=5), "copy of meta.json does not describe a dataset"),
+    (lambda c: c["meta"].update(tokenizer="bpe"), "copy of meta.json does not describe a dataset"),
 ])
 @pytest.mark.slow
 def test_sample_refuses_the_checkpoints_train_refuses_with_the_same_line(finished_run, edit, words):
