@@ -39,13 +39,12 @@ def load_examples(out_dir="data"):
         raise DataError(f"{path} holds no examples; {again}")
     examples = []
     for number, line in enumerate(lines, 1):
-        try:
-            example = json.loads(line)  # (bytes that are not UTF-8: a ValueError too)
-            ok = "ctx" in example and len(example["endings"]) == 4 and all(example["endings"]) and \
-                example["label"] in (0, 1, 2, 3)  # an empty ending would score 0/0
-        except (ValueError, KeyError, TypeError):  # not JSON, or not an object with these keys
-            ok = False
-        if not ok:
+        try:  # cut short: not JSON (bytes that are not UTF-8: a ValueError too)
+            example = json.loads(line)
+        except ValueError:
+            example = {}
+        # an earlier prepare_data.py wrote the hub's string "0".."3"; the test split has ""
+        if example.get("label") not in (0, 1, 2, 3):
             raise DataError(f"{path} line {number} is not an example as prepare_data.py writes it "
                             "(a JSON object: a context ctx, 4 non-empty endings and a label 0..3); "
                             f"{again}")
