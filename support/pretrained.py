@@ -2,7 +2,7 @@
 OpenAI's GPT-2 weights for GPT.from_pretrained: a hub name (gpt2 .. gpt2-xl, downloaded once
 into the hub's cache) or a local folder saved with transformers' save_pretrained, read as
 config.json and model.safetensors (or its shards) and checked before any model is built: a GPT-2
-config (model_type "gpt2", GPT-2's GELU and MLP) with sizes in range, then exactly the tensors
+config (model_type "gpt2", GPT-2's GELU and MLP), then exactly the tensors
 GPT-2 of that config has, by name and shape, finite (a saved lm_head only as
 a copy of the embedding: GPT-2 ties them, and so does this GPT). safetensors hold only tensors,
 so no pickled code ever runs (pytorch_model.bin is refused). Every refusal is one ValueError
@@ -21,8 +21,6 @@ from support.configurator import ConfigError, read_regular, refuse_unless_regula
 # the hub's GPT-2s: n_layer, n_head, n_embd (1024 positions each)
 PRETRAINED = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
               "gpt2-xl": (48, 25, 1600)}
-SIZES = {"n_positions": 1 << 20, "n_embd": 1 << 16, "n_layer": 1 << 10, "n_head": 1 << 10,
-         "vocab_size": 1 << 24}  # config.json's sizes, and the most we believe of each
 IGNORED = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # the causal masks older versions saved
 SAVE_AGAIN = "save it again with transformers' save_pretrained (safetensors)"
 
@@ -65,11 +63,13 @@ def gpt2_weights(name_or_path):
         # GPT-2 ties it to wte: a saved copy is only compared
         head = found.pop("lm_head.weight", None)
         layers = {n.split(".")[1] for n in found if re.match(r"h\.\d+\.", n)}
-        # before the expected names are listed: config.json may claim a million layers
+        # before the expected names are listed: config.json may claim a million layers. Its other
+        # sizes are the tensors' shapes, checked below without reading them
         if len(layers) != L:
             raise ConfigError(f"{name_or_path}: config.json says n_layer={L} but the weights hold "
                               f"{len(layers)} layers; {SAVE_AGAIN}")
         shapes.update({f"h.{i}.{k}": s for i in range(L) for k, s in block.items()})
+        weights = {}
         for name in sorted(set(shapes) | set(found)):
             if name not in found:
                 raise ConfigError(f"{name_or_path}: the weights lack {name}; not a whole GPT-2: "
@@ -77,16 +77,13 @@ def gpt2_weights(name_or_path):
             f, key, path = found[name]
             if name not in shapes:
                 raise ConfigError(f"{path}: unexpected tensor {key}, not GPT-2's; {SAVE_AGAIN}")
-            shape = tuple(f.get_slice(key).get_shape())
+            shape = tuple(f.get_slice(key).get_shape())  # read before the tensor is
             if shape != shapes[name]:
                 raise ConfigError(f"{path}: {key} has shape {shape} but config.json implies "
                                   f"{shapes[name]}; {SAVE_AGAIN}")
-        weights = {}
-        for name, (f, key, path) in found.items():
-            w = f.get_tensor(key)
+            w = weights["transformer." + name] = f.get_tensor(key)
             if not torch.isfinite(w).all():  # a diverged run's
                 raise ConfigError(f"{path}: {key} holds NaN or infinite numbers; {SAVE_AGAIN}")
-            weights["transformer." + name] = w
         if head and not torch.equal(head[0].get_tensor(head[1]), weights["transformer.wte.weight"]):
             raise ConfigError(f"{head[2]}: {head[1]} differs from the embedding "
                               "transformer.wte.weight; this GPT ties its head to the embedding, as "
@@ -130,10 +127,6 @@ def read_config(path, source):
     if kind != "gpt2":
         raise ConfigError(f"{path} describes model_type {kind!r}, not 'gpt2': init_from takes "
                           "GPT-2 only")
-    for key, most in SIZES.items():
-        if not 1 <= config[key] <= most:
-            raise ConfigError(f"{path}: {key}={config[key]} must be a whole number in [1, {most}]; "
-                              f"{SAVE_AGAIN}")
     mlp = config.get("n_inner") in (None, 4 * config["n_embd"])
     gelu = config.get("activation_function", "gelu_new")  # transformers' GPT-2 default: gelu_new
     if not mlp or gelu not in ("gelu_new", "gelu_pytorch_tanh"):
