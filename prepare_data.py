@@ -258,15 +258,15 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
     progress = read_json(progress_path) if os.path.lexists(progress_path) else {}
     if progress.get("source") != source:
         progress = {"source": source, "done": {}}  # done: file -> its documents and tokens
-    done, todo = progress["done"], [file for file in OWT_FILES if file not in progress["done"]]
+    done = progress["done"]
+    todo = [file for file in OWT_FILES if file not in done]
     os.makedirs(staging, exist_ok=True)
-    os.makedirs(data_dir, exist_ok=True)
+    unfinished(data_dir)
     shards = 2 * OWT_TOKENS * sum(sizes[file] for file in todo) / sum(sizes.values())
     print(f"{name}: {len(todo)} of {len(OWT_FILES)} parquet files to tokenise, in {num_proc} "
           "processes; disk needed "
           f"~{gigabytes(shards + max((sizes[file] for file in todo), default=0))} (the shards, and "
           f"one parquet file at a time); {gigabytes(shutil.disk_usage(out_dir).free)} free")
-    Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until it is finished
     val_share = lambda i: os.path.join(staging, f"val_{i:05d}.bin")
     # tiktoken's encoding pickles by name
     encode = partial(encode_in_worker, enc=enc, val_fraction=val_fraction)
@@ -283,11 +283,11 @@ def prepare_openwebtext(out_dir="data", val_fraction=0.0005, num_proc=None):
                 for tokens, in_val in pool.map(encode, texts, chunksize=64):
                     split[in_val].append(tokens)
                 bar.update(len(texts))
-            docs = len(split[False]) + len(split[True])
             train, val = (np.concatenate([np.empty(0, np.uint16), *split[k]]) for k in (False, True))
             write_shard(os.path.join(data_dir, f"{name}_train_{i + 1:06d}.bin"), train)
             write_shard(val_share(i), val)
-            done[file] = {"docs": docs, "train": len(train), "val": len(val)}
+            done[file] = {"docs": sum(map(len, split.values())), "train": len(train),
+                          "val": len(val)}
             write_json(progress_path, progress)  # from here on this file counts as done
             os.remove(path)
     meta = {"name": name, "tokenizer": "gpt2", "vocab_size": enc.n_vocab,
@@ -331,11 +331,10 @@ def prepare_fineweb(out_dir="data", train_shards=FINEWEB_TRAIN_FILES):
     final = lambda file: os.path.join(data_dir, file)  # only a checked download gets its final name
     todo = [file for file in files if os.path.islink(final(file)) or not os.path.isfile(final(file)) or
             os.path.getsize(final(file)) != sizes[file]]  # files already here, whole, are kept
-    os.makedirs(data_dir, exist_ok=True)
+    unfinished(data_dir)
     print(f"{name}: {len(files) - len(todo)} of {len(files)} files already here; downloading "
           f"{len(todo)} needs {gigabytes(sum(map(sizes.get, todo)))} "
           f"({gigabytes(shutil.disk_usage(out_dir).free)} free)")
-    Path(data_dir, "meta.json").unlink(missing_ok=True)  # not a dataset until every file is there
     for file in tqdm(todo, desc=f"downloading {name}", unit="file"):
         path = hub_download(FINEWEB_REPO, FINEWEB_REVISION, file, sizes[file], staging)
         try:
@@ -471,12 +470,17 @@ def write_json(path, value):
     atomic_write(path, lambda f: f.write(json.dumps(value, indent=1).encode("utf-8")))
 
 
+def unfinished(data_dir):
+    """Make data_dir if missing, and remove its meta.json: not a dataset until it is finished."""
+    os.makedirs(data_dir, exist_ok=True)
+    Path(data_dir, "meta.json").unlink(missing_ok=True)
+
+
 def publish(staging, data_dir):
     """Move staging's shards into data_dir in place of an earlier preparation's, its meta.json
     removed first: a kill on the way leaves a folder without meta.json, which is not a dataset.
     Returns the files moved."""
-    os.makedirs(data_dir, exist_ok=True)
-    Path(data_dir, "meta.json").unlink(missing_ok=True)
+    unfinished(data_dir)
     for old in find_shards(data_dir, "train") + find_shards(data_dir, "val"):
         os.remove(old)
     files = sorted(os.listdir(staging))
