@@ -340,7 +340,7 @@ def _check_inputs(q, k, v, a, b):
     B, H, T, D = q.shape
     require(D in HEAD_DIMS, f"head dim D must be one of {HEAD_DIMS}, got {D}")
     for name, x in (("a", a), ("b", b)):
-        require(x.dim() == 1 and x.shape[0] == H and x.is_floating_point(),
+        require(x.shape == (H,) and x.is_floating_point(),
                 f"{name} must be 1-D of length H={H} and floating-point, got {tuple(x.shape)} "
                 f"{x.dtype}")
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
