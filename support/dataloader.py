@@ -236,7 +236,8 @@ class ShardLoader:
         if self.pos + self.step > len(self.starts):
             wrapped, shard = divmod(self.shard + 1, len(self.shards))
             self.load_state_dict({"epoch": self.epoch + wrapped, "shard": shard, "pos": 0})
-        mine = self.starts[self.pos + self.rank * self.B: self.pos + (self.rank + 1) * self.B]
+        at = self.pos + self.rank * self.B  # this rank's batch_size windows of the world's step
+        mine = self.starts[at:at + self.B]
         self.pos += self.step
         # windows are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
         x, y = (t.contiguous() for t in windows(self.tokens, mine, self.T))
