@@ -88,17 +88,20 @@ def gpt2_weights(name_or_path):
             raise ConfigError(f"{head[2]}: {head[1]} differs from the embedding "
                               "transformer.wte.weight; this GPT ties its head to the embedding, as "
                               "GPT-2 does: an untied head cannot be loaded")
-    return dict(block_size=config["n_positions"], vocab_size=config["vocab_size"], n_layer=L,
-                n_head=config["n_head"], n_embd=C), weights
+    return {**config_sizes(config), "vocab_size": config["vocab_size"]}, weights
 
 
 def gpt2_sizes(name_or_path):
     """A GPT-2's block_size, n_layer, n_head, n_embd, known before its weights are read."""
     if not os.path.isdir(name_or_path) and name_or_path in PRETRAINED:  # a hub name: no download
         return dict(zip(("n_layer", "n_head", "n_embd"), PRETRAINED[name_or_path]), block_size=1024)
-    config = read_config(os.path.join(name_or_path, "config.json"), name_or_path)
-    sizes = {k: config[k] for k in ("n_layer", "n_head", "n_embd")}
-    return {"block_size": config["n_positions"], **sizes}
+    return config_sizes(read_config(os.path.join(name_or_path, "config.json"), name_or_path))
+
+
+def config_sizes(config):
+    """GPTConfig's sizes in a GPT-2's config.json."""
+    return dict(block_size=config["n_positions"], n_layer=config["n_layer"],
+                n_head=config["n_head"], n_embd=config["n_embd"])
 
 
 def download(name):
