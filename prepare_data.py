@@ -96,12 +96,11 @@ def prepare_documents(name, docs, out_dir="data", tokenizer="char", shard_size=1
     try:
         # tokens, then shards of shard_size tokens, numbered as llm.c's: NAME_val_000000,
         # NAME_train_000001, ...
-        for split, split_docs in (("val", val), ("train", train)):
+        for split, split_docs, first in (("val", val, 0), ("train", train, 1)):
             tokens = encode_split(split_docs, meta, f"tokenising {split}")
             if len(tokens) == 0:
                 raise DataError(f"{name}: the {split} split is empty; the corpus is too small for "
                                 "--val_fraction")
-            first = 0 if split == "val" else 1
             for i, at in enumerate(range(0, len(tokens), shard_size), first):
                 path = os.path.join(staging, f"{name}_{split}_{i:06d}.bin")
                 write_shard(path, tokens[at:at + shard_size])
@@ -223,8 +222,8 @@ def text_documents(path):
                         ".txt files")
     files = [path]
     if os.path.isdir(path):
-        names = [f for f in os.listdir(path) if f.lower().endswith(".txt")]
-        files = sorted(os.path.join(path, f) for f in names)
+        files = sorted(os.path.join(path, f) for f in os.listdir(path)
+                       if f.lower().endswith(".txt"))
         if not files:
             raise DataError(f"no .txt files in folder {path}; put one document per .txt file there")
     for file in files:
