@@ -37,9 +37,10 @@ from support.configurator import ConfigError, configure
 # gpu_like). bf16: out 3.3e-3, the gradients 6.9e-3; fp16: 3.8e-4, 1.2e-3; fp32: 3.3e-6, 7.9e-6, and
 # 10× below TF32's errors (~5e-4).
 TOLERANCES = {torch.bfloat16: (1.2e-2, 2.5e-2), torch.float16: (2e-3, 5e-3), torch.float32: (2e-5, 4e-5)}
-# one head each: sharp attention (its q is scaled up), the Laplacian a = 1, b = -1 (out cancels
-# where P is close to I), a corridor head δ(γI + P) with γ = -0.4, δ = 1.3, and a generic mix
-CHECK_HEADS = dict(a=[0.0, 1.0, -0.4 * 1.3, 0.3], b=[1.0, -1.0, 1.3, 0.8], q_scale=[8.0, 1.0, 1.0, 1.0])
+# (a, b, the scale of q) of one head each: sharp attention (its q is scaled up), the Laplacian
+# a = 1, b = -1 (out cancels where P is close to I), a corridor head δ(γI + P) with γ = -0.4,
+# δ = 1.3, and a generic mix
+CHECK_HEADS = [(0.0, 1.0, 8.0), (1.0, -1.0, 1.0), (-0.4 * 1.3, 1.3, 1.0), (0.3, 0.8, 1.0)]
 
 
 def model_inputs(B, H, T, D, dtype, device, seed=0):
@@ -49,9 +50,9 @@ def model_inputs(B, H, T, D, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, 3 * H * D, generator=g)
     a, b = torch.linspace(0, 1, H), torch.linspace(1, -1, H)  # attention ... Laplacian
-    if H == len(CHECK_HEADS["a"]):
-        a, b = torch.tensor(CHECK_HEADS["a"]), torch.tensor(CHECK_HEADS["b"])
-        x[..., :H * D] *= torch.tensor(CHECK_HEADS["q_scale"]).repeat_interleave(D)
+    if H == len(CHECK_HEADS):
+        a, b, q_scale = torch.tensor(CHECK_HEADS).T.contiguous()  # (H,) each
+        x[..., :H * D] *= q_scale.repeat_interleave(D)
     q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in x.to(device, dtype).split(H * D, dim=2))
     dout = torch.randn(B, T, H, D, generator=g).to(device, dtype).transpose(1, 2)
     return [t.detach().requires_grad_() for t in (q, k, v, a.to(device), b.to(device))], dout
@@ -72,7 +73,7 @@ def accuracy(fn, device, dtype, D, T=301):
     padded tiles), and a second run against the first (a race shows up as a difference; dq's atomics
     vary only its last bits). Returns rows (what, error, tolerance): error = max|x - ref| /
     max|ref|, NaN unless finite."""
-    leaves, dout = model_inputs(2, len(CHECK_HEADS["a"]), T, D, dtype, device, seed=T + D)
+    leaves, dout = model_inputs(2, len(CHECK_HEADS), T, D, dtype, device, seed=T + D)
     want = _fwd_bwd(reference, [x.detach().double().requires_grad_() for x in leaves], dout.double())
     first, second = _fwd_bwd(fn, leaves, dout), _fwd_bwd(fn, leaves, dout)
     rows = []
