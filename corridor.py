@@ -62,9 +62,8 @@ def summarize(run):
     gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
     fixed = cfg["op"] in FIXED_OPS
     # the corridor, of heads whose γ could move: open, −1 (Laplacian) and 0 (attention) are its
-    # endpoints; "deep" is beyond layer 1, where there is one
+    # endpoints
     inside = None if fixed else (gamma > -1.0) & (gamma < 0.0)  # (layer, head)
-    deep = None if fixed or len(gamma) < 2 else inside[1:]
     best = min(
         run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf
     )
@@ -105,14 +104,11 @@ def summarize(run):
         best_iter=best["iter"],
         final_val=last["val_loss"],
         final_iter=last["iter"],
-        n_layer=gamma.shape[0],
-        n_head=gamma.shape[1],
         layer_gamma=gamma.mean(axis=1).tolist(),
         layer_delta=np.mean(last["delta"], axis=1).tolist(),
-        n_in=None if fixed else int(inside.sum()),
-        frac_in=None if fixed else float(inside.mean()),
-        n_in_deep=None if deep is None else int(deep.sum()),
-        frac_deep=None if deep is None else float(deep.mean()),
+        inside=inside,  # (layer, head): whether each head's γ ended in the corridor
+        # the share beyond layer 1, where there is one
+        frac_deep=None if fixed or len(gamma) < 2 else float(inside[1:].mean()),
     )
 
 
@@ -506,13 +502,15 @@ def report(c, each=True):
             f"val loss best {s.best_val:.4f} (iter {s.best_iter}), "
             f"final {s.final_val:.4f} (iter {s.final_iter}){s.unfinished}"
         )
-        if s.n_in is None:
+        if s.inside is None:
             print(f"   {s.op}: γ and δ fixed")
         else:
-            n, deep = s.n_layer * s.n_head, "no layers beyond layer 1"
+            deep = "no layers beyond layer 1"
             if s.frac_deep is not None:
-                deep = f"{s.n_in_deep}/{n - s.n_head} ({s.frac_deep:.0%}) beyond layer 1"
-            print(f"   γ ∈ (−1, 0): {s.n_in}/{n} heads ({s.frac_in:.0%}) overall, {deep}")
+                deep = (f"{s.inside[1:].sum()}/{s.inside[1:].size} ({s.frac_deep:.0%}) "
+                        "beyond layer 1")
+            print(f"   γ ∈ (−1, 0): {s.inside.sum()}/{s.inside.size} heads "
+                  f"({s.inside.mean():.0%}) overall, {deep}")
         print("   layer   mean γ   mean δ")
         for layer, (g, d) in enumerate(zip(s.layer_gamma, s.layer_delta), 1):
             print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")

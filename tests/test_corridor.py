@@ -64,8 +64,8 @@ def no_figures(monkeypatch):
 
 def test_summary_numbers(tmp_path):
     s = corridor.summarize(corridor.load_run(make_run(tmp_path, "mix_s0")))
-    assert (s.n_in, s.n_in_deep) == (6, 4)
-    assert s.frac_in == pytest.approx(0.5) and s.frac_deep == pytest.approx(0.5)
+    assert (s.inside.sum(), s.inside[1:].sum()) == (6, 4)  # heads in the corridor, all and beyond layer 1
+    assert s.inside.mean() == pytest.approx(0.5) and s.frac_deep == pytest.approx(0.5)
     assert s.layer_gamma == pytest.approx([-0.35, -0.6225, -0.5])
     assert s.layer_delta == pytest.approx([1.0, 2.0, 3.5])
     assert (s.best_val, s.best_iter, s.final_val, s.final_iter) == (2.0, 100, 2.5, 200)
@@ -1012,15 +1012,15 @@ def test_one_layer_run_has_no_share_beyond_layer_1(tmp_path, capsys, no_figures)
     d = make_run(tmp_path, "one_s0", gamma=[[-0.5, 0.5, -0.2, 0.0]], delta=[[1.0] * 4],
                  tail=json.dumps({"event": "train", "iter": 250, "tokens": 512000, "loss": 2.4}) + "\n")
     s = corridor.summarize(corridor.load_run(d))
-    assert (s.n_layer, s.n_in, s.frac_in) == (1, 2, 0.5)
-    assert s.n_in_deep is None and s.frac_deep is None
+    assert s.inside.shape == (1, 4) and (s.inside.sum(), s.inside.mean()) == (2, 0.5)
+    assert s.frac_deep is None
     assert corridor.main([d]) == 0
     out = capsys.readouterr().out
     assert "   tokens 512,000, iter 250; val loss best 2.0000 (iter 100), final 2.5000 (iter 200)\n" in out
     assert "   γ ∈ (−1, 0): 2/4 heads (50%) overall, no layers beyond layer 1\n" in out
     # two layers: defined
     two = corridor.summarize(corridor.load_run(make_run(tmp_path, "two_s0", **TWO_LAYERS)))
-    assert (two.n_in_deep, two.frac_deep) == (2, 0.5)
+    assert (two.inside[1:].sum(), two.frac_deep) == (2, 0.5)
 
 
 def test_comparison_tables_only_when_there_is_something_to_compare(tmp_path, capsys, no_figures):
