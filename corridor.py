@@ -341,8 +341,9 @@ def val_loss_lines(c, max_lines=10):
 
 
 def curve_data(groups):
-    """What corridor_curve.png shows. curves: per attention baseline, the fixed-γ settings at x = γ,
-    y = mean paired difference with its 95% CI (NaN where undefined), attention at (0, 0). learned:
+    """What corridor_curve.png shows. curves: per attention baseline, its points (γ, mean paired
+    difference, 95% CI low, high) of the fixed-γ settings (NaN where undefined) and attention's
+    (0, 0, 0, 0), by γ. learned:
     per LEARNED_OP setting with default controls, its mean final γ per layer (± seed std). Labels
     give the seeds."""
     by_baseline = {}
@@ -356,36 +357,28 @@ def curve_data(groups):
     varying = differing_keys(by_baseline)
     curves = []
     for key, gs in by_baseline.items():
-        points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
+        points = [(0.0, 0.0, 0.0, 0.0)]  # attention: γ = 0 and difference 0 by definition
         points += [
             (
                 float(g.config.get("gamma_init", CONTROLS["gamma_init"])),
                 math.nan if g.paired_mean is None else g.paired_mean,
                 *(g.ci or (math.nan, math.nan)),
-                g.n_pairs,
             )
             for g in gs
         ]
-        gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
-        # both sorted
         differs = " ".join(f"{k}={v}" for k, v in json.loads(key).items() if k in varying)
         label = f"fixed γ, δ = 1 ({differs})" if differs else "fixed γ, δ = 1"
-        counts = [k for k in n if k is not None]  # seeds per fixed-γ point
+        counts = [g.n_pairs for g in gs]  # seeds per fixed-γ point
         per_point = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
         curves.append(
             {
                 "label": f"{label}, {seeds(per_point)} per point",
-                "gamma": gamma,
-                "mean": mean,
-                "lo": lo,
-                "hi": hi,
-                "n": n,
+                "points": sorted(points, key=lambda p: p[0]),
             }
         )
     learned = [
         {
             "label": f"{g.setting} ({seeds(g.n)})",
-            "n": g.n,
             "layer_gamma": g.layer_gamma,
             "layer_std": [math.nan if s is None else s for s in g.layer_gamma_std],
         }

@@ -853,12 +853,13 @@ def test_corridor_curve_data(tmp_path):
     nan, half = float("nan"), 12.706205 * 0.025
     (c,) = curve["curves"]
     assert c["label"] == "fixed γ, δ = 1, 1–2 seeds per point"
-    assert c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
-    assert c["mean"] == pytest.approx([-0.075, 0.0, 0.2])
-    assert c["lo"] == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
-    assert c["hi"] == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
+    gamma, mean, lo, hi = zip(*c["points"])
+    assert gamma == (-0.5, 0.0, 0.3)
+    assert mean == pytest.approx([-0.075, 0.0, 0.2])
+    assert lo == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
+    assert hi == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
     (learned,) = curve["learned"]  # the plain learned mix runs: mean final γ per layer over seeds
-    assert (learned["label"], learned["n"]) == ("mix (2 seeds)", 2)
+    assert learned["label"] == "mix (2 seeds)"
     assert learned["layer_gamma"] == pytest.approx([-0.4, -0.1])
     assert learned["layer_std"] == pytest.approx([0.1414214, 0.1414214], abs=1e-7)
 
@@ -875,7 +876,8 @@ def test_corridor_curve_one_per_baseline(tmp_path):
     assert [c["label"] for c in curves] == ["fixed γ, δ = 1 (n_embd=64), 2 seeds per point",
                                             "fixed γ, δ = 1 (n_embd=96), 2 seeds per point"]
     for c in curves:
-        assert c["gamma"] == [-0.3, 0.0] and c["mean"] == pytest.approx([-0.1, 0.0]) and c["n"] == [2, None]
+        gamma, mean, _, _ = zip(*c["points"])
+        assert gamma == (-0.3, 0.0) and mean == pytest.approx([-0.1, 0.0])
 
 
 def test_corridor_curve_png(tmp_path, capsys):
