@@ -190,8 +190,8 @@ def before_first_checkpoint(line):
         record = json.loads(line)
     except ValueError:  # not JSON
         return False
-    event = record.get("event") if isinstance(record, dict) else None
-    return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
+    event = record["event"]
+    return event in ("start", "train") or (event == "eval" and record["iter"] == 0)
 
 
 def interrupted(cfg):
@@ -289,21 +289,20 @@ def restore(ckpt, optimizer, train_loader):
 
 def read_log(path):
     """log.jsonl's records, and a warning if its last line was cut short by a crash (then left out:
-    the one line ever skipped). Any other line that is not a record, a complete one after 'done'
-    too, is one line."""
+    the one line ever skipped). Any other line that is not JSON (a crash under an older version,
+    which kept such a line when it resumed) is one line."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     records = []
     for n, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:  # not JSON, or not UTF-8
             if n == len(lines):  # RunLog writes whole lines: only a crash leaves part of one
                 return records, f"{path}: line {n} was cut short (a crash), left out"
-            record = None
-        if not (isinstance(record, dict) and "event" in record and "iter" in record):
-            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line")
-        records.append(record)
+            raise ConfigError(
+                f"{path}: line {n} is not a record train.py wrote; remove that line"
+            ) from None
     return records, None
 
 

@@ -627,20 +627,6 @@ def test_a_resume_whose_loss_worsened_is_reported_as_of_its_checkpoint(resume, c
             "1000.0; it saved nothing\n   iters 3–4 left out:") in out
 
 
-def test_a_complete_line_after_done_is_refused_not_dropped(resume, capsys, tmp_path):
-    """A note a user appends to a finished run's log is no line cut short by a crash: a resume refuses it in
-    one line and keeps it, and so does corridor.py (a line cut short is still left out: test_bad_inputs)."""
-    log = tmp_path / "mix_r" / "log.jsonl"
-    lines = log.read_text().splitlines(keepends=True)
-    log.write_text("".join(lines) + '{"note": "lr looked high"}\n')
-    message = f"line {len(lines) + 1} is not a record train.py wrote; remove that line"
-    with pytest.raises(SystemExit) as e:
-        resume("--max_iters=4")
-    assert message in str(e.value.code)
-    assert log.read_text().splitlines(keepends=True) == lines + ['{"note": "lr looked high"}\n']
-    assert message in error_line(capsys, [str(tmp_path / "mix_r")])
-
-
 def test_a_csv_read_back_keeps_each_runs_length(tmp_path, capsys, no_figures):
     """Runs of 100 and 200 iterations, otherwise alike, form no seed group from their directories, nor
     from the table --csv wrote of them."""
@@ -970,8 +956,6 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
     "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: not a run directory"),
     "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN,
                         "config.json: not the JSON train.py writes (Expecting"),
-    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN,
-                               "log.jsonl: line 1 is not a record train.py wrote"),
     "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
     "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
                           "run_s0 is a folder, not a regular file"),
