@@ -222,7 +222,7 @@ def load_checkpoint(path):
         except Exception as e:
             raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): "
                               "it is corrupt, not a nanoCorridor checkpoint, or carries code") from None
-    missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
+    missing = set(CHECKPOINT) - set(ckpt)
     if missing:  # another version's file, or not a checkpoint at all
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
                           "it was not written by this train.py")
@@ -338,10 +338,11 @@ def load_run(path):
     except ValueError as e:  # cut short, or not UTF-8
         raise ConfigError(f"{cfg_path}: not the JSON train.py writes ({e})") from None
     records, cut = read_log(log_path)
+    logged_to = max([r["iter"] for r in records], default=0)
     # logged after ckpt.pt is written
     saved = [r["iter"] for r in records if r["event"] == "checkpoint"]
     # older logs record no checkpoint: every record counts as saved
-    ckpt_iter = max(saved, default=max([r["iter"] for r in records], default=0))
+    ckpt_iter = max(saved, default=logged_to)
     starts = [r for r in records if r["event"] == "start"]
     # the settings of the start that wrote ckpt.pt; before each start, the earlier one's
     after = config
@@ -353,7 +354,6 @@ def load_run(path):
             for k, was in start.get("changed", {}).items()
             if was != start["config"].get(k)
         }
-    logged_to = max([r["iter"] for r in records], default=0)
     records = [r for r in records if r["iter"] <= ckpt_iter]
     evals = [r for r in records if r["event"] == "eval"]
     if not evals:
