@@ -269,8 +269,7 @@ def load_optimizer_state(optimizer, ckpt):
         raise ConfigError("the checkpoint's optimizer state does not fit this model (other "
                           "parameter groups); it comes from another version")
     for i, entry in saved["state"].items():  # keyed by the parameter's place in the groups
-        moments = [entry.get(k) for k in ("exp_avg", "exp_avg_sq")]
-        if not (i < len(params) and all(m is not None and m.shape == params[i].shape for m in moments)):
+        if not all(entry[k].shape == params[i].shape for k in ("exp_avg", "exp_avg_sq")):
             raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry "
                               f"of parameter {i!r} must hold two moments shaped like the parameter); "
                               "it comes from another version")
