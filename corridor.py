@@ -20,11 +20,11 @@ import math
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from scipy import stats
-from types import SimpleNamespace
 
 from support.configurator import ConfigError, configure, nonempty, read_regular, require_torch
 from support.dataloader import get_tokenizer
