@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -61,9 +62,8 @@ def summarize(run):
     gamma = np.array(last["gamma"], dtype=float)  # (layer, head)
     fixed = cfg["op"] in FIXED_OPS
     # the corridor, of heads whose γ could move: open, −1 (Laplacian) and 0 (attention) are its
-    # endpoints; "deep" is beyond layer 1, where there is one
+    # endpoints
     inside = None if fixed else (gamma > -1.0) & (gamma < 0.0)  # (layer, head)
-    deep = None if fixed or len(gamma) < 2 else inside[1:]
     best = min(
         run["evals"], key=lambda r: r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf
     )
@@ -87,31 +87,29 @@ def summarize(run):
         )
     max_iters = cfg.get("max_iters", last["iter"])
     unfinished = last["iter"] < max_iters and not cfg.get("eval_only")
-    return {
-        **run,  # its name, path, records and checkpoint's iteration
-        "label": label,
-        "story": story,
-        "config": {**cfg, "seed": seed},
-        "seed": seed,
-        "baseline": experiment(cfg, NOT_EXPERIMENT + OP_SETTINGS),
-        "op": cfg["op"],
-        "learns_gamma": not fixed and cfg.get("learn_gamma", True),
-        "unfinished": f"; unfinished, max_iters is {max_iters}" if unfinished else "",
-        "commit": starts[0].get("commit") if starts else None,
-        "tokens": max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
-        "best_val": best["val_loss"],
-        "best_iter": best["iter"],
-        "final_val": last["val_loss"],
-        "final_iter": last["iter"],
-        "n_layer": gamma.shape[0],
-        "n_head": gamma.shape[1],
-        "layer_gamma": gamma.mean(axis=1).tolist(),
-        "layer_delta": np.mean(last["delta"], axis=1).tolist(),
-        "n_in": None if fixed else int(inside.sum()),
-        "frac_in": None if fixed else float(inside.mean()),
-        "n_in_deep": None if deep is None else int(deep.sum()),
-        "frac_deep": None if deep is None else float(deep.mean()),
-    }
+    # its name, path, records and checkpoint's iteration, and its settings under the seed it is
+    # paired by
+    return SimpleNamespace(
+        **{**run, "config": {**cfg, "seed": seed}},
+        label=label,
+        story=story,
+        seed=seed,
+        baseline=experiment(cfg, NOT_EXPERIMENT + OP_SETTINGS),
+        op=cfg["op"],
+        learns_gamma=not fixed and cfg.get("learn_gamma", True),
+        unfinished=f"; unfinished, max_iters is {max_iters}" if unfinished else "",
+        commit=starts[0].get("commit") if starts else None,
+        tokens=max((r["tokens"] for r in run["records"] if "tokens" in r), default=None),
+        best_val=best["val_loss"],
+        best_iter=best["iter"],
+        final_val=last["val_loss"],
+        final_iter=last["iter"],
+        layer_gamma=gamma.mean(axis=1).tolist(),
+        layer_delta=np.mean(last["delta"], axis=1).tolist(),
+        inside=inside,  # (layer, head): whether each head's γ ended in the corridor
+        # the share beyond layer 1, where there is one
+        frac_deep=None if fixed or len(gamma) < 2 else float(inside[1:].mean()),
+    )
 
 
 def controls(config):
@@ -131,16 +129,16 @@ def paired_stats(diffs, level=0.95):
     test; None where the data cannot define it: t needs n ≥ 2 and a non-zero spread (else t = m/0, a
     zero-width CI)."""
     d = np.array(diffs, dtype=float)
-    out = {
-        "n_pairs": len(d),
-        "paired_mean": None,
-        "paired_std": None,
-        "ci": None,
-        "t": None,
-        "p_t": None,
-        "k_lower": int((d < 0).sum()),
-        "p_sign": None,
-    }
+    out = SimpleNamespace(
+        n_pairs=len(d),
+        paired_mean=None,
+        paired_std=None,
+        ci=None,
+        t=None,
+        p_t=None,
+        k_lower=int((d < 0).sum()),
+        p_sign=None,
+    )
     # a diverged run (val loss NaN) has no meaningful difference
     if len(d) == 0 or not np.isfinite(d).all():
         return out
@@ -148,16 +146,16 @@ def paired_stats(diffs, level=0.95):
     untied = int((d != 0).sum())
     if untied:
         # two-sided, a fair coin
-        out["p_sign"] = float(stats.binomtest(out["k_lower"], untied).pvalue)
-    out["paired_mean"], out["paired_std"] = float(d.mean()), sample_std(d)
+        out.p_sign = float(stats.binomtest(out.k_lower, untied).pvalue)
+    out.paired_mean, out.paired_std = float(d.mean()), sample_std(d)
     # differences of float val losses carry rounding noise of ~1e-16: treat a spread that small as
     # zero
-    if out["paired_std"] is None or out["paired_std"] <= 1e-12 * max(1.0, float(np.abs(d).max())):
+    if out.paired_std is None or out.paired_std <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return out
     test = stats.ttest_1samp(d, 0.0)  # two-sided
     # (low, high)
-    out["ci"] = tuple(float(x) for x in test.confidence_interval(confidence_level=level))
-    out["t"], out["p_t"] = float(test.statistic), float(test.pvalue)
+    out.ci = tuple(float(x) for x in test.confidence_interval(confidence_level=level))
+    out.t, out.p_t = float(test.statistic), float(test.pvalue)
     return out
 
 
@@ -202,25 +200,25 @@ def compare(runs):
     # experiment -> its runs; baseline -> its attention runs' final val losses
     groups, attention, seen = {}, {}, {}
     for s in sums:
-        exp = experiment(s["config"])
-        groups.setdefault((exp, s["seed"] in CONFIRMATION), []).append(s)
+        exp = experiment(s.config)
+        groups.setdefault((exp, s.seed in CONFIRMATION), []).append(s)
         # one config and seed twice would count twice; two attention baselines for one seed,
         # likewise (only exp has an 'op'). seen[baseline, seed] is the attention run of that seed.
-        key = (s["baseline"] if s["op"] == BASELINE_OP else exp, s["seed"])
+        key = (s.baseline if s.op == BASELINE_OP else exp, s.seed)
         if key in seen:
             raise ValueError(
-                f"{seen[key]['path']} and {s['path']}: same config and seed {s['seed']} "
+                f"{seen[key].path} and {s.path}: same config and seed {s.seed} "
                 "(one run twice, or a rerun); pass only one of them"
             )
         seen[key] = s
-        if s["op"] == BASELINE_OP:
-            attention.setdefault(s["baseline"], []).append(s["final_val"])
+        if s.op == BASELINE_OP:
+            attention.setdefault(s.baseline, []).append(s.final_val)
     attention_mean = {key: float(np.mean(vals)) for key, vals in attention.items()}
     # diverged (NaN) last
-    rows = sorted(sums, key=lambda s: (math.isnan(s["final_val"]), s["final_val"]))
+    rows = sorted(sums, key=lambda s: (math.isnan(s.final_val), s.final_val))
     for s in rows:
-        base = attention_mean.get(s["baseline"])
-        s["vs_attention"] = None if base is None else s["final_val"] - base
+        base = attention_mean.get(s.baseline)
+        s.vs_attention = None if base is None else s.final_val - base
     # label each group by its op plus the config keys that tell the groups apart (controls only when
     # changed)
     varying = differing_keys([key for key, _ in groups])
@@ -228,51 +226,51 @@ def compare(runs):
     for (key, confirmation), members in groups.items():
         # members differ only in seed: they share first's baseline
         cfg, first = json.loads(key), members[0]
-        val = np.array([m["final_val"] for m in members])
-        deep = [m["frac_deep"] for m in members if m["frac_deep"] is not None]
+        val = np.array([m.final_val for m in members])
+        deep = [m.frac_deep for m in members if m.frac_deep is not None]
         is_baseline = cfg["op"] == BASELINE_OP
         # each member with the attention run of its seed, where one ended at the same iteration
-        base = [seen.get((first["baseline"], m["seed"])) for m in members]
+        base = [seen.get((first.baseline, m.seed)) for m in members]
         pairs = [
             (m, a)
             for m, a in zip(members, base)
-            if a and a["final_iter"] == m["final_iter"] and not is_baseline
+            if a and a.final_iter == m.final_iter and not is_baseline
         ]
-        paired = [m["final_val"] - a["final_val"] for m, a in pairs]
+        paired = [m.final_val - a.final_val for m, a in pairs]
         label = [cfg["op"]] + [
             f"{k}={cfg[k]}"
             for k in varying
             if k in cfg and k != "op" and not (k in CONTROLS and cfg[k] == CONTROLS[k])
         ]
-        layer_gamma = np.array([m["layer_gamma"] for m in members])  # (seed, layer)
+        layer_gamma = np.array([m.layer_gamma for m in members])  # (seed, layer)
         out.append(
-            {
-                "label": " ".join(label),
-                "config": cfg,
-                "is_baseline": is_baseline,
-                "experiment": key,
-                "confirmation": confirmation,
-                "baseline_key": first["baseline"],
-                "learns_gamma": first["learns_gamma"],
-                "runs": members,
-                "n": len(members),
-                "val_mean": float(val.mean()),
-                "val_std": sample_std(val),
-                "deep_mean": float(np.mean(deep)) if deep else None,
-                "deep_std": sample_std(deep),
-                "layer_gamma": layer_gamma.mean(axis=0).tolist(),
-                "layer_gamma_std": [sample_std(g) for g in layer_gamma.T],
-                "paired": paired,
-                "paired_seeds": [m["seed"] for m, _ in pairs],
-                **paired_stats(paired),
-            }
+            SimpleNamespace(
+                label=" ".join(label),
+                config=cfg,
+                is_baseline=is_baseline,
+                experiment=key,
+                confirmation=confirmation,
+                baseline_key=first.baseline,
+                learns_gamma=first.learns_gamma,
+                runs=members,
+                n=len(members),
+                val_mean=float(val.mean()),
+                val_std=sample_std(val),
+                deep_mean=float(np.mean(deep)) if deep else None,
+                deep_std=sample_std(deep),
+                layer_gamma=layer_gamma.mean(axis=0).tolist(),
+                layer_gamma_std=[sample_std(g) for g in layer_gamma.T],
+                paired=paired,
+                paired_seeds=[m.seed for m, _ in pairs],
+                **vars(paired_stats(paired)),
+            )
         )
     # the name to print: the runs' directory name without _s<seed>, if theirs alone; else the label
-    names = [({setting_name(m["name"]) for m in g["runs"]}, g["confirmation"]) for g in out]
+    names = [({setting_name(m.name) for m in g.runs}, g.confirmation) for g in out]
     for g, (own, confirmation) in zip(out, names):
         unique = len(own) == 1 and sum(own <= other for other, c in names if c == confirmation) == 1
-        name = next(iter(own)) if unique else g["label"]
-        g["setting"] = name + (" (confirmation)" if confirmation else "")
+        name = next(iter(own)) if unique else g.label
+        g.setting = name + (" (confirmation)" if confirmation else "")
     # settings by val loss, in blocks that share an attention baseline (blocks by that baseline's
     # val loss, those without one last)
     return {
@@ -281,10 +279,10 @@ def compare(runs):
         "groups": sorted(
             out,
             key=lambda g: (
-                attention_mean.get(g["baseline_key"], math.inf),
-                g["baseline_key"],
-                math.isnan(g["val_mean"]),
-                g["val_mean"],
+                attention_mean.get(g.baseline_key, math.inf),
+                g.baseline_key,
+                math.isnan(g.val_mean),
+                g.val_mean,
             ),
         ),
     }
@@ -293,16 +291,16 @@ def compare(runs):
 def confirmations(groups):
     """Each variant rerun on CONFIRMATION seeds: its paired statistics on the seeds it was chosen on
     (selection), on the new ones (confirmation), and on both (pooled)."""
-    chosen = {g["experiment"]: g for g in groups if not g["confirmation"]}
+    chosen = {g.experiment: g for g in groups if not g.confirmation}
     return [
         {
-            "setting": chosen[g["experiment"]]["setting"],
-            "selection": chosen[g["experiment"]],
+            "setting": chosen[g.experiment].setting,
+            "selection": chosen[g.experiment],
             "confirmation": g,
-            "pooled": paired_stats(chosen[g["experiment"]]["paired"] + g["paired"]),
+            "pooled": paired_stats(chosen[g.experiment].paired + g.paired),
         }
         for g in groups
-        if g["confirmation"] and not g["is_baseline"] and g["experiment"] in chosen
+        if g.confirmation and not g.is_baseline and g.experiment in chosen
     ]
 
 
@@ -315,27 +313,27 @@ X_LABEL = {"tokens": "tokens", "iter": "iteration"}
 def x_axis(sums):
     """The figures' x axis: tokens when every eval record has them (older logs do not), else
     iterations."""
-    return "tokens" if all("tokens" in r for s in sums for r in s["evals"]) else "iter"
+    return "tokens" if all("tokens" in r for s in sums for r in s.evals) else "iter"
 
 
 def val_loss_lines(c, max_lines=10):
     """val_loss.png's lines (label, {x: val loss}), x key and title: one per run, or beyond
     max_lines runs, one per setting, the mean over its seeds at the evals they all have."""
     step = x_axis(c["runs"])
-    curve = {s["path"]: {r[step]: r["val_loss"] for r in s["evals"]} for s in c["runs"]}
+    curve = {s.path: {r[step]: r["val_loss"] for r in s.evals} for s in c["runs"]}
     if len(c["runs"]) <= max_lines:
         return (
-            [(f"{s['name']} ({s['label']})", curve[s["path"]]) for s in c["runs"]],
+            [(f"{s.name} ({s.label})", curve[s.path]) for s in c["runs"]],
             step,
             "validation loss",
         )
     lines = []
     for g in c["groups"]:
-        curves = [curve[m["path"]] for m in g["runs"]]
+        curves = [curve[m.path] for m in g.runs]
         common = sorted(set.intersection(*map(set, curves)))
         lines.append(
             (
-                f"{g['setting']} ({seeds(g['n'])})",
+                f"{g.setting} ({seeds(g.n)})",
                 {x: float(np.mean([c[x] for c in curves])) for x in common},
             )
         )
@@ -343,56 +341,49 @@ def val_loss_lines(c, max_lines=10):
 
 
 def curve_data(groups):
-    """What corridor_curve.png shows. curves: per attention baseline, the fixed-γ settings at x = γ,
-    y = mean paired difference with its 95% CI (NaN where undefined), attention at (0, 0). learned:
+    """What corridor_curve.png shows. curves: per attention baseline, its points (γ, mean paired
+    difference, 95% CI low, high) of the fixed-γ settings (NaN where undefined) and attention's
+    (0, 0, 0, 0), by γ. learned:
     per LEARNED_OP setting with default controls, its mean final γ per layer (± seed std). Labels
     give the seeds."""
     by_baseline = {}
     for g in groups:  # the fixed-γ settings with attention runs to pair them with
-        if g["paired"] and all(
-            g["config"].get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()
+        if g.paired and all(
+            g.config.get(k, CONTROLS.get(k)) == v for k, v in FIXED_GAMMA.items()
         ):
-            by_baseline.setdefault(g["baseline_key"], []).append(g)
+            by_baseline.setdefault(g.baseline_key, []).append(g)
     # name each curve by what its baseline config does differently from the others' (nothing, for
     # one curve)
     varying = differing_keys(by_baseline)
     curves = []
     for key, gs in by_baseline.items():
-        points = [(0.0, 0.0, 0.0, 0.0, None)]  # attention: γ = 0 and difference 0 by definition
+        points = [(0.0, 0.0, 0.0, 0.0)]  # attention: γ = 0 and difference 0 by definition
         points += [
             (
-                float(g["config"].get("gamma_init", CONTROLS["gamma_init"])),
-                math.nan if g["paired_mean"] is None else g["paired_mean"],
-                *(g["ci"] or (math.nan, math.nan)),
-                g["n_pairs"],
+                float(g.config.get("gamma_init", CONTROLS["gamma_init"])),
+                math.nan if g.paired_mean is None else g.paired_mean,
+                *(g.ci or (math.nan, math.nan)),
             )
             for g in gs
         ]
-        gamma, mean, lo, hi, n = (list(col) for col in zip(*sorted(points, key=lambda p: p[0])))
-        # both sorted
         differs = " ".join(f"{k}={v}" for k, v in json.loads(key).items() if k in varying)
         label = f"fixed γ, δ = 1 ({differs})" if differs else "fixed γ, δ = 1"
-        counts = [k for k in n if k is not None]  # seeds per fixed-γ point
+        counts = [g.n_pairs for g in gs]  # seeds per fixed-γ point
         per_point = f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else counts[0]
         curves.append(
             {
                 "label": f"{label}, {seeds(per_point)} per point",
-                "gamma": gamma,
-                "mean": mean,
-                "lo": lo,
-                "hi": hi,
-                "n": n,
+                "points": sorted(points, key=lambda p: p[0]),
             }
         )
     learned = [
         {
-            "label": f"{g['setting']} ({seeds(g['n'])})",
-            "n": g["n"],
-            "layer_gamma": g["layer_gamma"],
-            "layer_std": [math.nan if s is None else s for s in g["layer_gamma_std"]],
+            "label": f"{g.setting} ({seeds(g.n)})",
+            "layer_gamma": g.layer_gamma,
+            "layer_std": [math.nan if s is None else s for s in g.layer_gamma_std],
         }
         for g in groups
-        if g["config"]["op"] == LEARNED_OP and g["learns_gamma"] and not controls(g["config"])
+        if g.config["op"] == LEARNED_OP and g.learns_gamma and not controls(g.config)
     ]
     return {"curves": curves, "learned": learned}
 
@@ -406,16 +397,16 @@ def plot(c, out_dir):
     drawn = {}  # file name -> figure
     with figures.plt.rc_context(figures.STYLE):
         # the (γ, δ) figures: of the first learned run
-        for s in [s for s in c["runs"] if s["learns_gamma"]][:1]:
-            evals, step, title = s["evals"], x_axis([s]), f"{s['name']}: {s['label']}"
+        for s in [s for s in c["runs"] if s.learns_gamma][:1]:
+            evals, step, title = s.evals, x_axis([s]), f"{s.name}: {s.label}"
             for key, sym in (("gamma", "γ"), ("delta", "δ")):
                 vals = np.array([r[key] for r in evals], dtype=float)  # (time, layer, head)
-                drawn[f"{key}_{s['name']}.png"] = figures.head_scalars(
+                drawn[f"{key}_{s.name}.png"] = figures.head_scalars(
                     [r[step] for r in evals], vals, sym, X_LABEL[step], title
                 )
-            drawn[f"gamma_final_{s['name']}.png"] = figures.final_gamma(
+            drawn[f"gamma_final_{s.name}.png"] = figures.final_gamma(
                 np.array(evals[-1]["gamma"], dtype=float),
-                f"final γ (iter {s['final_iter']})\n{title}",
+                f"final γ (iter {s.final_iter})\n{title}",
             )
         lines, step, title = val_loss_lines(c)
         drawn["val_loss.png"] = figures.val_loss(lines, X_LABEL[step], title)
@@ -454,65 +445,67 @@ def print_table(header, rows, left=1):
 
 
 def group_cells(g):  # one row of the seed-group table (see the legend report prints under it)
-    val = f"{g['val_mean']:.4f} ± {fmt(g['val_std'], '.4f')}"
+    val = f"{g.val_mean:.4f} ± {fmt(g.val_std, '.4f')}"
     deep = (
         "fixed"
-        if not g["learns_gamma"]
+        if not g.learns_gamma
         else (
             "n/a"
-            if g["deep_mean"] is None
-            else f"{g['deep_mean']:.0%} ± {fmt(g['deep_std'], '.0%')}"
+            if g.deep_mean is None
+            else f"{g.deep_mean:.0%} ± {fmt(g.deep_std, '.0%')}"
         )
     )
-    cells = [g["setting"], str(g["n"]), val]
-    if g["is_baseline"]:
+    cells = [g.setting, str(g.n), val]
+    if g.is_baseline:
         return cells + ["baseline", "", "", "", "", deep]
-    ci = "n/a" if g["ci"] is None else f"[{g['ci'][0]:+.4f}, {g['ci'][1]:+.4f}]"
+    ci = "n/a" if g.ci is None else f"[{g.ci[0]:+.4f}, {g.ci[1]:+.4f}]"
     diff = (
         "n/a"
-        if g["paired_mean"] is None
-        else f"{g['paired_mean']:+.4f} ± {fmt(g['paired_std'], '.4f')}"
+        if g.paired_mean is None
+        else f"{g.paired_mean:+.4f} ± {fmt(g.paired_std, '.4f')}"
     )
     # unpaired: the rest is None too
-    lower = f"{g['k_lower']}/{g['n_pairs']}" if g["paired"] else "n/a"
+    lower = f"{g.k_lower}/{g.n_pairs}" if g.paired else "n/a"
     return cells + [
         diff,
         ci,
-        fmt_p(g["p_t"]),
+        fmt_p(g.p_t),
         lower,
-        fmt_p(g["p_sign"]),
+        fmt_p(g.p_sign),
         deep,
     ]
 
 
 def paired_cell(s):
-    if s["paired_mean"] is None:
-        return f"{s['n_pairs']}: n/a"
-    ci = "n/a" if s["ci"] is None else f"[{s['ci'][0]:+.4f}, {s['ci'][1]:+.4f}]"
-    return f"{s['n_pairs']}: {s['paired_mean']:+.4f} {ci} p {fmt_p(s['p_t'])}, {s['k_lower']}/{s['n_pairs']}"
+    if s.paired_mean is None:
+        return f"{s.n_pairs}: n/a"
+    ci = "n/a" if s.ci is None else f"[{s.ci[0]:+.4f}, {s.ci[1]:+.4f}]"
+    return f"{s.n_pairs}: {s.paired_mean:+.4f} {ci} p {fmt_p(s.p_t)}, {s.k_lower}/{s.n_pairs}"
 
 
 def report(c, each=True):
     """Print each run's story and numbers and the table of runs (if each), then the tables of the
     seed groups."""
     for s in c["runs"] if each else []:
-        print(f"== {s['name']}  ({s['label']})")
-        for line in s["story"]:
+        print(f"== {s.name}  ({s.label})")
+        for line in s.story:
             print(f"   {line}")
         print(
-            f"   tokens {fmt(s['tokens'], ',')}, iter {s['ckpt_iter']}; "
-            f"val loss best {s['best_val']:.4f} (iter {s['best_iter']}), "
-            f"final {s['final_val']:.4f} (iter {s['final_iter']}){s['unfinished']}"
+            f"   tokens {fmt(s.tokens, ',')}, iter {s.ckpt_iter}; "
+            f"val loss best {s.best_val:.4f} (iter {s.best_iter}), "
+            f"final {s.final_val:.4f} (iter {s.final_iter}){s.unfinished}"
         )
-        if s["n_in"] is None:
-            print(f"   {s['op']}: γ and δ fixed")
+        if s.inside is None:
+            print(f"   {s.op}: γ and δ fixed")
         else:
-            n, deep = s["n_layer"] * s["n_head"], "no layers beyond layer 1"
-            if s["frac_deep"] is not None:
-                deep = f"{s['n_in_deep']}/{n - s['n_head']} ({s['frac_deep']:.0%}) beyond layer 1"
-            print(f"   γ ∈ (−1, 0): {s['n_in']}/{n} heads ({s['frac_in']:.0%}) overall, {deep}")
+            deep = "no layers beyond layer 1"
+            if s.frac_deep is not None:
+                deep = (f"{s.inside[1:].sum()}/{s.inside[1:].size} ({s.frac_deep:.0%}) "
+                        "beyond layer 1")
+            print(f"   γ ∈ (−1, 0): {s.inside.sum()}/{s.inside.size} heads "
+                  f"({s.inside.mean():.0%}) overall, {deep}")
         print("   layer   mean γ   mean δ")
-        for layer, (g, d) in enumerate(zip(s["layer_gamma"], s["layer_delta"]), 1):
+        for layer, (g, d) in enumerate(zip(s.layer_gamma, s.layer_delta), 1):
             print(f"   {layer:5d}  {g:+7.3f}  {d:+7.3f}")
     if len(c["runs"]) < 2 and each:
         return
@@ -523,12 +516,12 @@ def report(c, each=True):
         )
         cells = [
             [
-                s["name"],
-                s["label"],
-                f"{s['final_val']:.4f}",
-                f"{s['best_val']:.4f}",
-                fmt(s["vs_attention"]),
-                "fixed" if not s["learns_gamma"] else fmt(s["frac_deep"], ".0%"),
+                s.name,
+                s.label,
+                f"{s.final_val:.4f}",
+                f"{s.best_val:.4f}",
+                fmt(s.vs_attention),
+                "fixed" if not s.learns_gamma else fmt(s.frac_deep, ".0%"),
             ]
             for s in c["rows"]
         ]
@@ -536,7 +529,7 @@ def report(c, each=True):
             ["run", "label", "final val", "best val", "vs attn", "corridor>L1"], cells, left=2
         )
     groups = c["groups"]
-    if not any(g["n"] > 1 for g in groups):
+    if not any(g.n > 1 for g in groups):
         print(
             "\n== no seed groups: every setting has one run (seeds "
             f"{CONFIRMATION.start}+ apart); statistics need two seeds or more of one setting"
@@ -577,15 +570,15 @@ def report(c, each=True):
         )
     cells = [
         [
-            g["setting"],
-            str(g["n"]),
+            g.setting,
+            str(g.n),
             "  ".join(
                 f"{m:+.3f} ± {fmt(sd, '.3f')}"
-                for m, sd in zip(g["layer_gamma"], g["layer_gamma_std"])
+                for m, sd in zip(g.layer_gamma, g.layer_gamma_std)
             ),
         ]
         for g in groups
-        if g["learns_gamma"]
+        if g.learns_gamma
     ]
     if cells:
         print("\n== where learned γ ends: mean final γ per layer, ± its std over seeds")
@@ -635,17 +628,17 @@ def write_csv(c, path):
     """
     rows = []
     for s in c["runs"]:
-        cfg, last = s["config"], s["evals"][-1]
+        cfg, last = s.config, s.evals[-1]
         row = {k: json.dumps(cfg[k]) if k in cfg else "" for k in CSV_CONFIG}
         row.update(
-            setting=setting_name(s["name"]),
-            seed=s["seed"],
-            op=s["op"],
-            iters=s["final_iter"],
-            val_loss=repr(s["final_val"]),
+            setting=setting_name(s.name),
+            seed=s.seed,
+            op=s.op,
+            iters=s.final_iter,
+            val_loss=repr(s.final_val),
             val_bpb=repr(last["val_bpb"]) if "val_bpb" in last else "",
             final_gamma=";".join(" ".join(f"{g:.6g}" for g in layer) for layer in last["gamma"]),
-            commit=s["commit"] or "unknown",
+            commit=s.commit or "unknown",
         )
         for k in CSV_TEXT:
             if row[k].startswith(FORMULA_START):

@@ -56,7 +56,7 @@ SAFE_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getat
 OPEN_FLAGS = {"rb": os.O_RDONLY,  # read
               # read and append, creating it if missing (a lock)
               "ab+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
-              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails rather than follow a link
+              "wb": os.O_WRONLY | os.O_CREAT | os.O_EXCL}  # a new file: fails on anything there
 KINDS_OF_FILE = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a device",
                  stat.S_ISBLK: "a device", stat.S_ISSOCK: "a socket", stat.S_ISLNK: "a symbolic link"}
 
@@ -75,10 +75,8 @@ def refuse_unless_regular(path):
 
 def open_regular(path, mode="rb", encoding=None):
     """open(path, mode) for a regular file only (a link, folder, FIFO or device is refused): "rb"
-    reads, "ab+" reads and appends, creating it, "wb" creates it anew (removing a stale one);
-    encoding: a text file."""
-    if mode == "wb" and os.path.lexists(path) and not os.path.isdir(path):
-        os.remove(path)  # removes a link itself, never what it points to
+    reads, "ab+" reads and appends, creating it, "wb" creates a new one (atomic_write's temporary,
+    a fresh name: anything there is refused); encoding: a text file."""
     try:
         fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
     except OSError as e:

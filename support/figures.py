@@ -81,7 +81,7 @@ def corridor_curve(curve):
         a.grid(alpha=0.3)
     ax.axhline(0, color="black", linewidth=1)
     for i, c in enumerate(curve["curves"]):
-        x, m, lo, hi = (np.array(c[k], dtype=float) for k in ("gamma", "mean", "lo", "hi"))
+        x, m, lo, hi = np.array(c["points"], dtype=float).T  # (point,) each
         ax.fill_between(x, lo, hi, color=COLOURS(i), alpha=0.2,
                         label="95% confidence interval" if i == 0 else None)
         ax.errorbar(x, m, yerr=[m - lo, hi - m], fmt="o-", markersize=9, capsize=6,
@@ -105,7 +105,7 @@ def corridor_curve(curve):
     (low or ax).set_xlabel("γ   (each head computes δ(γI + P)·v;  γ = 0: attention,  "
                            "γ = −1: negative Laplacian)")
     # the x range: attention, the Laplacian and every point drawn (a diverged run's γ may be NaN)
-    xs = [x for c in curve["curves"] for x in c["gamma"]]
+    xs = [p[0] for c in curve["curves"] for p in c["points"]]
     xs += [x for g in learned for x in g["layer_gamma"]]
     xs = [x for x in [0.0, -1.0, *xs] if np.isfinite(x)]
     ax.set_xlim(min(xs) - 0.08, max(xs) + 0.08)

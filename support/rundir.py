@@ -190,8 +190,8 @@ def before_first_checkpoint(line):
         record = json.loads(line)
     except ValueError:  # not JSON
         return False
-    event = record.get("event") if isinstance(record, dict) else None
-    return event in ("start", "train") or (event == "eval" and record.get("iter") == 0)
+    event = record["event"]
+    return event in ("start", "train") or (event == "eval" and record["iter"] == 0)
 
 
 def interrupted(cfg):
@@ -222,7 +222,7 @@ def load_checkpoint(path):
         except Exception as e:
             raise ConfigError(f"checkpoint {path} cannot be read safely ({e.__class__.__name__}): "
                               "it is corrupt, not a nanoCorridor checkpoint, or carries code") from None
-    missing = set(CHECKPOINT) - set(ckpt) if isinstance(ckpt, dict) else set(CHECKPOINT)
+    missing = set(CHECKPOINT) - set(ckpt)
     if missing:  # another version's file, or not a checkpoint at all
         raise ConfigError(f"checkpoint {path} lacks {', '.join(sorted(missing))}; "
                           "it was not written by this train.py")
@@ -269,8 +269,7 @@ def load_optimizer_state(optimizer, ckpt):
         raise ConfigError("the checkpoint's optimizer state does not fit this model (other "
                           "parameter groups); it comes from another version")
     for i, entry in saved["state"].items():  # keyed by the parameter's place in the groups
-        moments = [entry.get(k) for k in ("exp_avg", "exp_avg_sq")]
-        if not (i < len(params) and all(m is not None and m.shape == params[i].shape for m in moments)):
+        if not all(entry[k].shape == params[i].shape for k in ("exp_avg", "exp_avg_sq")):
             raise ConfigError(f"the checkpoint's optimizer state does not fit this model (the entry "
                               f"of parameter {i!r} must hold two moments shaped like the parameter); "
                               "it comes from another version")
@@ -289,21 +288,20 @@ def restore(ckpt, optimizer, train_loader):
 
 def read_log(path):
     """log.jsonl's records, and a warning if its last line was cut short by a crash (then left out:
-    the one line ever skipped). Any other line that is not a record, a complete one after 'done'
-    too, is one line."""
+    the one line ever skipped). Any other line that is not JSON (a crash under an older version,
+    which kept such a line when it resumed) is one line."""
     with open_regular(path) as f:
         lines = [line for line in f if line.strip()]
     records = []
     for n, line in enumerate(lines, 1):
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:  # not JSON, or not UTF-8
             if n == len(lines):  # RunLog writes whole lines: only a crash leaves part of one
                 return records, f"{path}: line {n} was cut short (a crash), left out"
-            record = None
-        if not (isinstance(record, dict) and "event" in record and "iter" in record):
-            raise ConfigError(f"{path}: line {n} is not a record train.py wrote; remove that line")
-        records.append(record)
+            raise ConfigError(
+                f"{path}: line {n} is not a record train.py wrote; remove that line"
+            ) from None
     return records, None
 
 
@@ -339,10 +337,11 @@ def load_run(path):
     except ValueError as e:  # cut short, or not UTF-8
         raise ConfigError(f"{cfg_path}: not the JSON train.py writes ({e})") from None
     records, cut = read_log(log_path)
+    logged_to = max([r["iter"] for r in records], default=0)
     # logged after ckpt.pt is written
     saved = [r["iter"] for r in records if r["event"] == "checkpoint"]
     # older logs record no checkpoint: every record counts as saved
-    ckpt_iter = max(saved, default=max([r["iter"] for r in records], default=0))
+    ckpt_iter = max(saved, default=logged_to)
     starts = [r for r in records if r["event"] == "start"]
     # the settings of the start that wrote ckpt.pt; before each start, the earlier one's
     after = config
@@ -354,7 +353,6 @@ def load_run(path):
             for k, was in start.get("changed", {}).items()
             if was != start["config"].get(k)
         }
-    logged_to = max([r["iter"] for r in records], default=0)
     records = [r for r in records if r["iter"] <= ckpt_iter]
     evals = [r for r in records if r["event"] == "eval"]
     if not evals:

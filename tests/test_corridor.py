@@ -64,18 +64,18 @@ def no_figures(monkeypatch):
 
 def test_summary_numbers(tmp_path):
     s = corridor.summarize(corridor.load_run(make_run(tmp_path, "mix_s0")))
-    assert (s["n_in"], s["n_in_deep"]) == (6, 4)
-    assert s["frac_in"] == pytest.approx(0.5) and s["frac_deep"] == pytest.approx(0.5)
-    assert s["layer_gamma"] == pytest.approx([-0.35, -0.6225, -0.5])
-    assert s["layer_delta"] == pytest.approx([1.0, 2.0, 3.5])
-    assert (s["best_val"], s["best_iter"], s["final_val"], s["final_iter"]) == (2.0, 100, 2.5, 200)
-    assert s["tokens"] == 2048 * 200
+    assert (s.inside.sum(), s.inside[1:].sum()) == (6, 4)  # heads in the corridor, all and beyond layer 1
+    assert s.inside.mean() == pytest.approx(0.5) and s.frac_deep == pytest.approx(0.5)
+    assert s.layer_gamma == pytest.approx([-0.35, -0.6225, -0.5])
+    assert s.layer_delta == pytest.approx([1.0, 2.0, 3.5])
+    assert (s.best_val, s.best_iter, s.final_val, s.final_iter) == (2.0, 100, 2.5, 200)
+    assert s.tokens == 2048 * 200
 
 
 def test_controls_only_non_default(tmp_path):
     run = corridor.load_run(make_run(tmp_path, "fixed", gamma_init=-0.5, learn_gamma=False, seed=3))
     assert corridor.controls(run["config"]) == {"gamma_init": -0.5, "learn_gamma": False}
-    assert corridor.summarize(run)["label"] == "mix gamma_init=-0.5 learn_gamma=False seed=3"
+    assert corridor.summarize(run).label == "mix gamma_init=-0.5 learn_gamma=False seed=3"
 
 
 def test_attention_and_laplacian_shown_as_fixed(tmp_path, capsys, no_figures):
@@ -88,15 +88,15 @@ def test_attention_and_laplacian_shown_as_fixed(tmp_path, capsys, no_figures):
     assert "attention: γ and δ fixed" in out
     assert "laplacian: γ and δ fixed\n   layer   mean γ   mean δ\n       1   -0.500   +0.000\n" in out
     assert "γ ∈ (−1, 0):" not in out  # no corridor statistics for fixed operators
-    assert corridor.summarize(corridor.load_run(attn))["frac_deep"] is None
+    assert corridor.summarize(corridor.load_run(attn)).frac_deep is None
 
 
 def test_compare_order_and_difference_to_attention(tmp_path):
     runs = [corridor.load_run(make_run(tmp_path, n, op=op, val=(3.0, v)))
             for n, op, v in [("attn", "attention", 2.0), ("mix", "mix", 1.75), ("lap", "laplacian", 1.875)]]
     c = corridor.compare(runs)
-    assert [s["name"] for s in c["rows"]] == ["mix", "lap", "attn"]
-    assert [s["vs_attention"] for s in c["rows"]] == pytest.approx([-0.25, -0.125, 0.0])
+    assert [s.name for s in c["rows"]] == ["mix", "lap", "attn"]
+    assert [s.vs_attention for s in c["rows"]] == pytest.approx([-0.25, -0.125, 0.0])
 
 
 def test_seed_groups_mean_std(tmp_path):
@@ -111,19 +111,19 @@ def test_seed_groups_mean_std(tmp_path):
         runs.append(corridor.load_run(make_run(tmp_path, name, op=op, seed=seed, val=(3.0, v), gamma=g,
                                                delta=[[1.0] * 4] * 2, **extra)))
     groups = corridor.compare(runs)["groups"]
-    assert [(g["label"], g["n"]) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3),
+    assert [(g.label, g.n) for g in groups] == [("mix gamma_init=-0.5", 1), ("mix", 3),
                                                       ("attention", 2)]
     mix, attn = groups[1], groups[2]
-    assert [m["name"] for m in mix["runs"]] == ["mix_s0", "mix_s1", "mix_s2"]
-    assert mix["val_mean"] == pytest.approx(1.9) and mix["val_std"] == pytest.approx(0.1)
-    assert mix["deep_mean"] == pytest.approx(2 / 3) and mix["deep_std"] == pytest.approx(0.288675, abs=1e-6)
-    assert attn["val_mean"] == pytest.approx(2.1) and attn["val_std"] == pytest.approx(0.141421, abs=1e-6)
-    assert attn["deep_mean"] is None
+    assert [m.name for m in mix.runs] == ["mix_s0", "mix_s1", "mix_s2"]
+    assert mix.val_mean == pytest.approx(1.9) and mix.val_std == pytest.approx(0.1)
+    assert mix.deep_mean == pytest.approx(2 / 3) and mix.deep_std == pytest.approx(0.288675, abs=1e-6)
+    assert attn.val_mean == pytest.approx(2.1) and attn.val_std == pytest.approx(0.141421, abs=1e-6)
+    assert attn.deep_mean is None
     # seeds 0 and 1 have an attention run; seed 2 has none
-    assert mix["paired"] == pytest.approx([-0.2, -0.3])
-    assert (mix["paired_mean"] == pytest.approx(-0.25)
-            and mix["paired_std"] == pytest.approx(0.0707107, abs=1e-6))
-    assert groups[0]["val_std"] is None  # one run: no sample std
+    assert mix.paired == pytest.approx([-0.2, -0.3])
+    assert (mix.paired_mean == pytest.approx(-0.25)
+            and mix.paired_std == pytest.approx(0.0707107, abs=1e-6))
+    assert groups[0].val_std is None  # one run: no sample std
 
 
 def test_main_prints_table_groups_and_writes_pngs(tmp_path, capsys):
@@ -257,35 +257,35 @@ def test_not_utf8_names_the_file(tmp_path, capsys):
 def test_paired_stats_by_hand():
     # d = −1, −2, −3: mean −2, sample std 1, standard error 1/√3, t = −2√3, 2 degrees of freedom
     s = corridor.paired_stats([-1.0, -2.0, -3.0])
-    assert (s["n_pairs"], s["paired_mean"], s["paired_std"]) == (3, -2.0, 1.0)
-    assert s["t"] == pytest.approx(-2 * 3 ** 0.5)
-    assert s["ci"] == pytest.approx((-2 - 4.302653 / 3 ** 0.5, -2 + 4.302653 / 3 ** 0.5), abs=1e-6)
+    assert (s.n_pairs, s.paired_mean, s.paired_std) == (3, -2.0, 1.0)
+    assert s.t == pytest.approx(-2 * 3 ** 0.5)
+    assert s.ci == pytest.approx((-2 - 4.302653 / 3 ** 0.5, -2 + 4.302653 / 3 ** 0.5), abs=1e-6)
     # df = 2: p = 1 − |t|/√(2 + t²) = 0.074180
-    assert s["p_t"] == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)
-    assert (s["k_lower"], s["p_sign"]) == (3, 0.25)
+    assert s.p_t == pytest.approx(1 - 2 * 3 ** 0.5 / 14 ** 0.5)
+    assert (s.k_lower, s.p_sign) == (3, 0.25)
     s = corridor.paired_stats([0.0, -1.0, -2.0])  # a tie does not count for the sign test: 2 of 2 lower
-    assert (s["k_lower"], s["p_sign"]) == (2, 0.5)
+    assert (s.k_lower, s.p_sign) == (2, 0.5)
     s = corridor.paired_stats([-1.0, -2.0, 3.0])  # mean 0: t = 0, p = 1
-    assert s["paired_mean"] == 0.0 and s["t"] == 0.0 and s["p_t"] == pytest.approx(1.0)
+    assert s.paired_mean == 0.0 and s.t == 0.0 and s.p_t == pytest.approx(1.0)
     # exact sign test: P(7 or more of 8, either way) = 2·9/2⁸
     s = corridor.paired_stats([-1.0] * 7 + [1.0])
-    assert (s["k_lower"], s["p_sign"]) == (7, 2 * 9 / 2 ** 8)
+    assert (s.k_lower, s.p_sign) == (7, 2 * 9 / 2 ** 8)
 
 
 def test_paired_stats_undefined_cases():
     s = corridor.paired_stats([-0.5])  # one seed: a mean and a sign, no spread
-    assert (s["paired_mean"], s["k_lower"], s["p_sign"]) == (-0.5, 1, 1.0)
-    assert s["paired_std"] is s["ci"] is s["t"] is s["p_t"] is None
+    assert (s.paired_mean, s.k_lower, s.p_sign) == (-0.5, 1, 1.0)
+    assert s.paired_std is s.ci is s.t is s.p_t is None
     # "equal" differences: float noise ~1e-16 only
     s = corridor.paired_stats([2.1 - 2.0, 2.2 - 2.1, 2.3 - 2.2])
-    assert s["paired_mean"] == pytest.approx(0.1) and s["ci"] is s["t"] is s["p_t"] is None
-    assert s["p_sign"] == 0.25 and s["k_lower"] == 0
+    assert s.paired_mean == pytest.approx(0.1) and s.ci is s.t is s.p_t is None
+    assert s.p_sign == 0.25 and s.k_lower == 0
     s = corridor.paired_stats([])
-    assert (s["n_pairs"], s["k_lower"]) == (0, 0) and s["paired_mean"] is s["p_sign"] is s["ci"] is None
+    assert (s.n_pairs, s.k_lower) == (0, 0) and s.paired_mean is s.p_sign is s.ci is None
     s = corridor.paired_stats([-0.1, float("nan")])  # a diverged run: nothing to conclude
-    assert s["paired_mean"] is s["p_t"] is s["p_sign"] is None
+    assert s.paired_mean is s.p_t is s.p_sign is None
     s = corridor.paired_stats([0.0, 0.0])  # only ties: the sign test has nothing to count
-    assert s["paired_mean"] == 0.0 and s["p_sign"] is None
+    assert s.paired_mean == 0.0 and s.p_sign is None
 
 
 def test_the_numbers_docs_quote():
@@ -297,32 +297,32 @@ def test_the_numbers_docs_quote():
         return corridor.paired_stats([val[f"{setting}_s{k}"] - val[f"{baseline}_s{k}"] for k in range(n)])
 
     s = stats("mix", "attention")
-    assert round(s["paired_mean"], 4) == -0.0071 and [round(x, 4) for x in s["ci"]] == [-0.0120, -0.0023]
-    assert round(s["p_t"], 3) == 0.010 and (s["k_lower"], round(s["p_sign"], 3)) == (7, 0.070)
+    assert round(s.paired_mean, 4) == -0.0071 and [round(x, 4) for x in s.ci] == [-0.0120, -0.0023]
+    assert round(s.p_t, 3) == 0.010 and (s.k_lower, round(s.p_sign, 3)) == (7, 0.070)
     s = stats("mix_fixed_gamma_m03", "attention")
-    assert [round(x, 4) for x in s["ci"]] == [-0.0254, -0.0126]
-    assert (s["k_lower"], s["p_sign"]) == (8, 0.0078125)
+    assert [round(x, 4) for x in s.ci] == [-0.0254, -0.0126]
+    assert (s.k_lower, s.p_sign) == (8, 0.0078125)
     s = stats("mix", "mix_fixed_gamma_m03")
-    assert [round(x, 4) for x in s["ci"]] == [0.0070, 0.0167] and round(s["p_t"], 4) == 0.0007
+    assert [round(x, 4) for x in s.ci] == [0.0070, 0.0167] and round(s.p_t, 4) == 0.0007
     s = stats("mix_start_m03", "mix_fixed_gamma_m03")
-    assert round(s["paired_mean"], 4) == 0.0053 and round(s["p_t"], 3) == 0.032
+    assert round(s.paired_mean, 4) == 0.0053 and round(s.p_t, 3) == 0.032
     s = stats("mix_lr10_fixed_delta", "mix_lr10", n=4)
-    assert round(s["paired_mean"], 4) == -0.0350 and round(s["p_t"], 3) == 0.004
+    assert round(s.paired_mean, 4) == -0.0350 and round(s.p_t, 3) == 0.004
     s = stats("mix_lr10_fixed_delta", "attention")  # the best learned variant, 8 seeds at two scales
-    assert [round(x, 4) for x in s["ci"]] == [-0.0222, -0.0106] and round(s["p_t"], 4) == 0.0003
+    assert [round(x, 4) for x in s.ci] == [-0.0222, -0.0106] and round(s.p_t, 4) == 0.0003
     s = stats("3x96_mix_lr10_fixed_delta", "3x96_mix_fixed_gamma_m03")
-    assert round(s["paired_mean"], 4) == -0.0004 and round(s["p_t"], 4) == 0.9047
+    assert round(s.paired_mean, 4) == -0.0004 and round(s.p_t, 4) == 0.9047
     s = stats("mix_gamma_nonneg", "mix")
-    assert [round(x, 4) for x in s["ci"]] == [0.0070, 0.0153] and s["k_lower"] == 0
+    assert [round(x, 4) for x in s.ci] == [0.0070, 0.0153] and s.k_lower == 0
     s = stats("mix_alpha", "mix")
-    assert round(s["paired_mean"], 4) == -0.0025 and round(s["p_t"], 4) == 0.0003
-    groups = {g["setting"]: g for g in corridor.compare(runs)["groups"]}
-    assert round(groups["3x96_mix"]["paired_mean"], 4) == -0.0030 and groups["3x96_mix"]["n"] == 8
+    assert round(s.paired_mean, 4) == -0.0025 and round(s.p_t, 4) == 0.0003
+    groups = {g.setting: g for g in corridor.compare(runs)["groups"]}
+    assert round(groups["3x96_mix"].paired_mean, 4) == -0.0030 and groups["3x96_mix"].n == 8
     # every head beyond layer 1 that learns γ freely from γ ≤ 0 ends in the corridor; γ ≥ 0 holds it at 0
-    free = [g for g in groups.values() if g["learns_gamma"] and g["config"].get("gamma_min") is None
-            and g["config"].get("gamma_init", 0.0) <= 0]
-    assert len(free) > 10 and all(g["deep_mean"] == 1.0 for g in free)
-    assert groups["mix_gamma_nonneg"]["deep_mean"] == groups["mix_start_p05"]["deep_mean"] == 0.0
+    free = [g for g in groups.values() if g.learns_gamma and g.config.get("gamma_min") is None
+            and g.config.get("gamma_init", 0.0) <= 0]
+    assert len(free) > 10 and all(g.deep_mean == 1.0 for g in free)
+    assert groups["mix_gamma_nonneg"].deep_mean == groups["mix_start_p05"].deep_mean == 0.0
     # the headline variants judged again on seeds 100-107, on which nothing was chosen (results.md, README)
     quoted = {"mix_lr10_fixed_delta": ((-0.0160, -0.0204, -0.0116), 8, (-0.0162, 16)),
               "mix_fixed_gamma_m03": ((-0.0118, -0.0182, -0.0054), 7, (-0.0154, 15)),
@@ -331,14 +331,14 @@ def test_the_numbers_docs_quote():
     assert set(rows) == set(quoted)
     for setting, ((mean, low, high), lower, (pooled, pooled_lower)) in quoted.items():
         confirmation, both = rows[setting]["confirmation"], rows[setting]["pooled"]
-        assert round(confirmation["paired_mean"], 4) == mean
-        assert confirmation["paired_seeds"] == [*range(100, 108)]
-        assert [round(x, 4) for x in confirmation["ci"]] == [low, high] and confirmation["k_lower"] == lower
-        assert (round(both["paired_mean"], 4), both["k_lower"], both["n_pairs"]) == (pooled, pooled_lower, 16)
-    assert [round(rows[s]["confirmation"]["p_t"], 4) for s in quoted] == [0.0001, 0.0033, 0.1400]
+        assert round(confirmation.paired_mean, 4) == mean
+        assert confirmation.paired_seeds == [*range(100, 108)]
+        assert [round(x, 4) for x in confirmation.ci] == [low, high] and confirmation.k_lower == lower
+        assert (round(both.paired_mean, 4), both.k_lower, both.n_pairs) == (pooled, pooled_lower, 16)
+    assert [round(rows[s]["confirmation"].p_t, 4) for s in quoted] == [0.0001, 0.0033, 0.1400]
     s = corridor.paired_stats([val[f"mix_lr10_fixed_delta_s{k}"] - val[f"mix_fixed_gamma_m03_s{k}"]
                                for k in range(100, 108)])
-    assert round(s["paired_mean"], 4) == -0.0042 and round(s["p_t"], 4) == 0.2238
+    assert round(s.paired_mean, 4) == -0.0042 and round(s.p_t, 4) == 0.2238
 
 
 
@@ -350,16 +350,16 @@ def test_a_chosen_variant_is_judged_on_confirmation_seeds(tmp_path, capsys, no_f
               for k, d in ((0, -0.1), (1, -0.1), (2, -0.2), (100, -0.05), (101, 0.01), (102, -0.03))]
     dirs = runs_of(tmp_path, specs)
     c = corridor.compare([corridor.load_run(d) for d in dirs])
-    by_setting = {g["setting"]: g for g in c["groups"]}
+    by_setting = {g.setting: g for g in c["groups"]}
     assert set(by_setting) == {"attention", "attention (confirmation)", "mix", "mix (confirmation)"}
-    assert by_setting["mix"]["paired"] == pytest.approx([-0.1, -0.1, -0.2])  # seeds 0-2 only
-    assert by_setting["mix (confirmation)"]["paired"] == pytest.approx([-0.05, 0.01, -0.03])
-    assert by_setting["mix (confirmation)"]["paired_seeds"] == [100, 101, 102]
+    assert by_setting["mix"].paired == pytest.approx([-0.1, -0.1, -0.2])  # seeds 0-2 only
+    assert by_setting["mix (confirmation)"].paired == pytest.approx([-0.05, 0.01, -0.03])
+    assert by_setting["mix (confirmation)"].paired_seeds == [100, 101, 102]
     (row,) = corridor.confirmations(c["groups"])
     assert row["setting"] == "mix" and row["selection"] is by_setting["mix"]
-    pooled = row["selection"]["paired"] + row["confirmation"]["paired"]
+    pooled = row["selection"].paired + row["confirmation"].paired
     assert pooled == pytest.approx([-0.1, -0.1, -0.2, -0.05, 0.01, -0.03])
-    assert row["pooled"] == corridor.paired_stats(pooled) and row["pooled"]["n_pairs"] == 6
+    assert row["pooled"] == corridor.paired_stats(pooled) and row["pooled"].n_pairs == 6
     assert corridor.main(dirs) == 0
     out = capsys.readouterr().out
     table = out.split("== chosen on some seeds, judged on others")[1].splitlines()
@@ -382,7 +382,7 @@ def runs_of(tmp_path, specs):
 
 
 def group(c, label):
-    (g,) = [g for g in c["groups"] if g["label"] == label]
+    (g,) = [g for g in c["groups"] if g.label == label]
     return g
 
 
@@ -393,13 +393,13 @@ def test_paired_statistics_by_hand_and_printed(tmp_path, capsys, no_figures):
                               ("attn_s2", "attention", 2, 2.2, {}), ("mix_s0", "mix", 0, 1.9, {}),
                               ("mix_s1", "mix", 1, 2.0, {}), ("mix_s2", "mix", 2, 2.0, {})])
     mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
-    assert mix["paired"] == pytest.approx([-0.1, -0.1, -0.2]) and mix["paired_seeds"] == [0, 1, 2]
-    assert (mix["paired_mean"] == pytest.approx(-0.4 / 3)
-            and mix["paired_std"] == pytest.approx(0.0577350, abs=1e-7))
-    assert mix["t"] == pytest.approx(-4.0) and mix["p_t"] == pytest.approx(1 - 4 / 18 ** 0.5)
-    assert mix["ci"] == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3),
+    assert mix.paired == pytest.approx([-0.1, -0.1, -0.2]) and mix.paired_seeds == [0, 1, 2]
+    assert (mix.paired_mean == pytest.approx(-0.4 / 3)
+            and mix.paired_std == pytest.approx(0.0577350, abs=1e-7))
+    assert mix.t == pytest.approx(-4.0) and mix.p_t == pytest.approx(1 - 4 / 18 ** 0.5)
+    assert mix.ci == pytest.approx((-0.4 / 3 - 4.302653 * 0.1 / 3, -0.4 / 3 + 4.302653 * 0.1 / 3),
                                       abs=1e-6)
-    assert (mix["k_lower"], mix["n_pairs"], mix["p_sign"]) == (3, 3, 0.25)
+    assert (mix.k_lower, mix.n_pairs, mix.p_sign) == (3, 3, 0.25)
     assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
     out = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(out) if line.startswith("== seed groups"))
@@ -422,17 +422,17 @@ def test_baseline_has_the_same_config_apart_from_op_and_controls(tmp_path):
         ("wide_s0", "mix", 0, 1.8, {"n_embd": 256})])]
     c = corridor.compare(runs)
     short_mix, long_mix = group(c, "mix"), group(c, "mix lr_decay_iters=3600 max_iters=3600")
-    assert short_mix["paired"] == pytest.approx([-0.1, -0.05])
-    assert long_mix["paired"] == pytest.approx([-0.05, -0.2])
+    assert short_mix.paired == pytest.approx([-0.1, -0.05])
+    assert long_mix.paired == pytest.approx([-0.05, -0.2])
     fixed = group(c, "mix gamma_init=-0.5 learn_delta=False learn_gamma=False")
     # controls differ: still paired
-    assert fixed["paired"] == pytest.approx([-0.1]) and fixed["paired_seeds"] == [1]
+    assert fixed.paired == pytest.approx([-0.1]) and fixed.paired_seeds == [1]
     wide = group(c, "mix n_embd=256")
-    assert wide["paired"] == [] and wide["paired_mean"] is None
+    assert wide.paired == [] and wide.paired_mean is None
     assert corridor.group_cells(wide)[3:8] == ["n/a"] * 5
     # by val loss within the blocks of one baseline (blocks by the baseline's val loss); no baseline: last
-    assert [g["setting"] for g in c["groups"]] == ["mixL", "attnL", "mix", "fixed", "attn", "wide"]
-    rows = {s["name"]: s["vs_attention"] for s in c["rows"]}
+    assert [g.setting for g in c["groups"]] == ["mixL", "attnL", "mix", "fixed", "attn", "wide"]
+    rows = {s.name: s.vs_attention for s in c["rows"]}
     assert rows["mixL_s1"] == pytest.approx(1.4 - 1.55) and rows["mix_s1"] == pytest.approx(2.05 - 2.05)
     assert rows["wide_s0"] is None
 
@@ -456,7 +456,7 @@ def test_unfinished_run_is_not_paired(tmp_path, capsys, no_figures):
             # still running
             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 1.9), max_iters=200, **TWO_LAYERS)]
     mix = group(corridor.compare([corridor.load_run(d) for d in dirs]), "mix")
-    assert mix["n"] == 2 and mix["paired"] == pytest.approx([-0.2]) and mix["paired_seeds"] == [0]
+    assert mix.n == 2 and mix.paired == pytest.approx([-0.2]) and mix.paired_seeds == [0]
     assert corridor.main(dirs + [f"--out={tmp_path / 'figs'}"]) == 0
     out = capsys.readouterr().out
     assert "final 1.9000 (iter 100); unfinished, max_iters is 200" in out
@@ -476,10 +476,10 @@ def test_a_seed_changed_on_resume_is_read_from_the_start_records(tmp_path):
              make_run(tmp_path, "mix_r", seed=1, val=(3.0, 1.9), head=starts, **lr, **TWO_LAYERS)]
     c = corridor.compare([corridor.load_run(d) for d in dirs])
     mix = group(c, "mix")
-    assert mix["paired_seeds"] == [1, 0] and mix["paired"] == pytest.approx([-0.2, -0.1])
-    (resumed,) = [s for s in c["runs"] if s["name"] == "mix_r"]
-    assert resumed["label"] == "mix seed=0 [seeds 0 → 1]"
-    assert resumed["story"] == ["resumed at iter 50: seed 0 → 1, learning_rate 0.01 → 0.02"]
+    assert mix.paired_seeds == [1, 0] and mix.paired == pytest.approx([-0.2, -0.1])
+    (resumed,) = [s for s in c["runs"] if s.name == "mix_r"]
+    assert resumed.label == "mix seed=0 [seeds 0 → 1]"
+    assert resumed.story == ["resumed at iter 50: seed 0 → 1, learning_rate 0.01 → 0.02"]
 
 
 @pytest.mark.slow
@@ -500,9 +500,9 @@ def test_a_run_whose_seed_changed_on_resume_is_paired_under_the_seed_before(tmp_
     dirs = ["out/attn_s1337", "out/attn_s7", "out/mix_s7", "out/mix_r"]
     runs = [corridor.load_run(d) for d in dirs]
     mix = group(corridor.compare(runs), "mix")
-    assert [m["name"] for m in mix["runs"]] == ["mix_s7", "mix_r"] and mix["paired_seeds"] == [7, 1337]
+    assert [m.name for m in mix.runs] == ["mix_s7", "mix_r"] and mix.paired_seeds == [7, 1337]
     attention = {r["config"]["seed"]: r["evals"][-1]["val_loss"] for r in runs[:2]}
-    assert mix["paired"][1] == runs[3]["evals"][-1]["val_loss"] - attention[1337]
+    assert mix.paired[1] == runs[3]["evals"][-1]["val_loss"] - attention[1337]
     capsys.readouterr()
     assert corridor.main(dirs) == 0
     out = capsys.readouterr().out
@@ -627,20 +627,6 @@ def test_a_resume_whose_loss_worsened_is_reported_as_of_its_checkpoint(resume, c
             "1000.0; it saved nothing\n   iters 3–4 left out:") in out
 
 
-def test_a_complete_line_after_done_is_refused_not_dropped(resume, capsys, tmp_path):
-    """A note a user appends to a finished run's log is no line cut short by a crash: a resume refuses it in
-    one line and keeps it, and so does corridor.py (a line cut short is still left out: test_bad_inputs)."""
-    log = tmp_path / "mix_r" / "log.jsonl"
-    lines = log.read_text().splitlines(keepends=True)
-    log.write_text("".join(lines) + '{"note": "lr looked high"}\n')
-    message = f"line {len(lines) + 1} is not a record train.py wrote; remove that line"
-    with pytest.raises(SystemExit) as e:
-        resume("--max_iters=4")
-    assert message in str(e.value.code)
-    assert log.read_text().splitlines(keepends=True) == lines + ['{"note": "lr looked high"}\n']
-    assert message in error_line(capsys, [str(tmp_path / "mix_r")])
-
-
 def test_a_csv_read_back_keeps_each_runs_length(tmp_path, capsys, no_figures):
     """Runs of 100 and 200 iterations, otherwise alike, form no seed group from their directories, nor
     from the table --csv wrote of them."""
@@ -648,7 +634,7 @@ def test_a_csv_read_back_keeps_each_runs_length(tmp_path, capsys, no_figures):
             make_run(tmp_path, "mix_s1", seed=1, val=(3.0, 2.0, 1.5), max_iters=200, **TWO_LAYERS)]
     assert corridor.main(dirs + [f"--csv={tmp_path / 'runs.csv'}"]) == 0
     for runs in ([corridor.load_run(d) for d in dirs], corridor.load_csv(str(tmp_path / "runs.csv"))):
-        assert [g["n"] for g in corridor.compare(runs)["groups"]] == [1, 1]
+        assert [g.n for g in corridor.compare(runs)["groups"]] == [1, 1]
 
 
 def test_same_config_and_seed_twice_is_an_error(tmp_path, capsys):
@@ -713,8 +699,8 @@ def test_every_statistic_recomputes_from_the_csv(tmp_path, capsys, no_figures):
     assert groups in from_csv and "== runs by" not in from_csv and "== mix_s0" not in from_csv
     # op_lr_scale belongs to the op: the learned runs pair with attention's (and -1e-05 stays inside)
     c = corridor.compare(corridor.load_csv(str(first)))
-    assert group(c, "mix op_lr_scale=10.0")["paired"] == pytest.approx([-0.1, -0.05])
-    assert [g["deep_mean"] for g in c["groups"] if g["n"] == 1] == [0.75]
+    assert group(c, "mix op_lr_scale=10.0").paired == pytest.approx([-0.1, -0.05])
+    assert [g.deep_mean for g in c["groups"] if g.n == 1] == [0.75]
 
 
 def test_a_csv_that_corridor_did_not_write_is_one_line(tmp_path, capsys):
@@ -811,14 +797,14 @@ def test_setting_is_the_directory_name_where_unambiguous(tmp_path):
         ("mix_s1", "mix", 1, 1.8, {}), ("mixA_s0", "mix", 0, 1.7, {"n_embd": 64}),
         ("mixB_s1", "mix", 1, 1.7, {"n_embd": 64})])
         + runs_of(tmp_path / "long", [("mix_fixed_gamma_s0", "mix", 0, 1.5, long)])]
-    settings = {g["label"]: g["setting"] for g in corridor.compare(runs)["groups"]}
+    settings = {g.label: g.setting for g in corridor.compare(runs)["groups"]}
     assert settings == {"attention": "attention", "mix": "mix",
                         "mix n_embd=64": "mix n_embd=64",  # its runs have two names (mixA, mixB): its label
                         # two groups named mix_fixed_gamma: each its label
                         "mix gamma_init=-0.5": "mix gamma_init=-0.5",
                         "mix gamma_init=-0.5 lr_decay_iters=3600 max_iters=3600":
                             "mix gamma_init=-0.5 lr_decay_iters=3600 max_iters=3600"}
-    settings = {g["label"]: g["setting"] for g in corridor.compare(runs[:5])["groups"]}
+    settings = {g.label: g.setting for g in corridor.compare(runs[:5])["groups"]}
     assert settings == {"attention": "attention", "mix": "mix", "mix gamma_init=-0.5": "mix_fixed_gamma"}
 
 
@@ -853,12 +839,13 @@ def test_corridor_curve_data(tmp_path):
     nan, half = float("nan"), 12.706205 * 0.025
     (c,) = curve["curves"]
     assert c["label"] == "fixed γ, δ = 1, 1–2 seeds per point"
-    assert c["gamma"] == [-0.5, 0.0, 0.3] and c["n"] == [2, None, 1]
-    assert c["mean"] == pytest.approx([-0.075, 0.0, 0.2])
-    assert c["lo"] == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
-    assert c["hi"] == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
+    gamma, mean, lo, hi = zip(*c["points"])
+    assert gamma == (-0.5, 0.0, 0.3)
+    assert mean == pytest.approx([-0.075, 0.0, 0.2])
+    assert lo == pytest.approx([-0.075 - half, 0.0, nan], nan_ok=True, abs=1e-6)
+    assert hi == pytest.approx([-0.075 + half, 0.0, nan], nan_ok=True, abs=1e-6)
     (learned,) = curve["learned"]  # the plain learned mix runs: mean final γ per layer over seeds
-    assert (learned["label"], learned["n"]) == ("mix (2 seeds)", 2)
+    assert learned["label"] == "mix (2 seeds)"
     assert learned["layer_gamma"] == pytest.approx([-0.4, -0.1])
     assert learned["layer_std"] == pytest.approx([0.1414214, 0.1414214], abs=1e-7)
 
@@ -875,7 +862,8 @@ def test_corridor_curve_one_per_baseline(tmp_path):
     assert [c["label"] for c in curves] == ["fixed γ, δ = 1 (n_embd=64), 2 seeds per point",
                                             "fixed γ, δ = 1 (n_embd=96), 2 seeds per point"]
     for c in curves:
-        assert c["gamma"] == [-0.3, 0.0] and c["mean"] == pytest.approx([-0.1, 0.0]) and c["n"] == [2, None]
+        gamma, mean, _, _ = zip(*c["points"])
+        assert gamma == (-0.3, 0.0) and mean == pytest.approx([-0.1, 0.0])
 
 
 def test_corridor_curve_png(tmp_path, capsys):
@@ -968,8 +956,6 @@ ERRORS = {  # name: (how to break the run directory d, the arguments, what the e
     "a file, not a run": (None, lambda d: [str(d / "config.json")], "config.json: not a run directory"),
     "config not JSON": (lambda d: (d / "config.json").write_text("{op: mix"), RUN,
                         "config.json: not the JSON train.py writes (Expecting"),
-    "log line not an object": (lambda d: edit(d / "log.jsonl", "{", "[1]\n{"), RUN,
-                               "log.jsonl: line 1 is not a record train.py wrote"),
     "--out is a file": (None, lambda d: [str(d), f"--out={d / 'config.json'}"], "config.json: File exists"),
     "--csv is a folder": (None, lambda d: [str(d), f"--csv={d}", f"--out={d.parent / 'figs'}"],
                           "run_s0 is a folder, not a regular file"),
@@ -1000,7 +986,7 @@ def test_diverged_run_is_not_a_crash(tmp_path, capsys, no_figures):
 def test_a_diverged_run_is_reported_not_hidden(tmp_path, capsys):
     d = make_run(tmp_path, "diverged", val=(3.0, 2.0, float("nan")))
     s = corridor.summarize(corridor.load_run(d))
-    assert (s["best_val"], s["best_iter"]) == (2.0, 100) and math.isnan(s["final_val"])
+    assert (s.best_val, s.best_iter) == (2.0, 100) and math.isnan(s.final_val)
     assert corridor.main([d]) == 0
     assert "the val loss became nan at iter 200: the run diverged" in capsys.readouterr().err
 
@@ -1012,15 +998,15 @@ def test_one_layer_run_has_no_share_beyond_layer_1(tmp_path, capsys, no_figures)
     d = make_run(tmp_path, "one_s0", gamma=[[-0.5, 0.5, -0.2, 0.0]], delta=[[1.0] * 4],
                  tail=json.dumps({"event": "train", "iter": 250, "tokens": 512000, "loss": 2.4}) + "\n")
     s = corridor.summarize(corridor.load_run(d))
-    assert (s["n_layer"], s["n_in"], s["frac_in"]) == (1, 2, 0.5)
-    assert s["n_in_deep"] is None and s["frac_deep"] is None
+    assert s.inside.shape == (1, 4) and (s.inside.sum(), s.inside.mean()) == (2, 0.5)
+    assert s.frac_deep is None
     assert corridor.main([d]) == 0
     out = capsys.readouterr().out
     assert "   tokens 512,000, iter 250; val loss best 2.0000 (iter 100), final 2.5000 (iter 200)\n" in out
     assert "   γ ∈ (−1, 0): 2/4 heads (50%) overall, no layers beyond layer 1\n" in out
     # two layers: defined
     two = corridor.summarize(corridor.load_run(make_run(tmp_path, "two_s0", **TWO_LAYERS)))
-    assert (two["n_in_deep"], two["frac_deep"]) == (2, 0.5)
+    assert (two.inside[1:].sum(), two.frac_deep) == (2, 0.5)
 
 
 def test_comparison_tables_only_when_there_is_something_to_compare(tmp_path, capsys, no_figures):
@@ -1075,14 +1061,14 @@ def test_which_runs_learn_gamma(tmp_path):
     default)."""
     assert corridor.FIXED_OPS == ("attention", "laplacian")
     run = corridor.load_run(make_run(tmp_path, "mix_s0"))
-    assert corridor.summarize(run)["learns_gamma"]
+    assert corridor.summarize(run).learns_gamma
     del run["config"]["learn_gamma"]  # a config written before the control existed
-    assert corridor.summarize(run)["learns_gamma"]
+    assert corridor.summarize(run).learns_gamma
     run["config"]["learn_gamma"] = False
-    assert not corridor.summarize(run)["learns_gamma"]
+    assert not corridor.summarize(run).learns_gamma
     for op, expected in (("mix_alpha", True), ("mix_ab", True), ("attention", False), ("laplacian", False)):
         run["config"] = {"op": op}
-        assert corridor.summarize(run)["learns_gamma"] is expected, op
+        assert corridor.summarize(run).learns_gamma is expected, op
 
 
 def test_val_loss_figure_by_iteration_when_a_log_has_no_tokens(tmp_path):

@@ -78,10 +78,10 @@ def test_val_loss_one_line_each(n):
                                                                    "validation loss")
 
 
-CURVE = {"curves": [{"label": "fixed γ, δ = 1, 2–3 seeds per point", "gamma": [-0.5, -0.3, 0.0, 0.3],
-                     "mean": [0.01, -0.02, 0.0, 0.04], "lo": [-0.01, -0.03, 0.0, math.nan],
-                     "hi": [0.03, -0.01, 0.0, math.nan], "n": [3, 2, None, 1]}],
-         "learned": [{"label": "mix (2 seeds)", "n": 2, "layer_gamma": [-0.1, -1.2, -0.3],
+CURVE = {"curves": [{"label": "fixed γ, δ = 1, 2–3 seeds per point",  # points: (γ, mean, lo, hi)
+                     "points": [(-0.5, 0.01, -0.01, 0.03), (-0.3, -0.02, -0.03, -0.01), (0.0, 0.0, 0.0, 0.0),
+                                (0.3, 0.04, math.nan, math.nan)]}],
+         "learned": [{"label": "mix (2 seeds)", "layer_gamma": [-0.1, -1.2, -0.3],
                       "layer_std": [0.01, 0.02, math.nan]}]}
 
 
@@ -115,7 +115,7 @@ def test_corridor_curve_points_band_and_where_learned_layers_end():
 
 
 def test_corridor_curve_learned_settings_side_by_side():
-    other = {"label": "mix (3 seeds)", "n": 3, "layer_gamma": [-0.2, -0.4, -0.6], "layer_std": [0.0] * 3}
+    other = {"label": "mix (3 seeds)", "layer_gamma": [-0.2, -0.4, -0.6], "layer_std": [0.0] * 3}
     low = figures.corridor_curve({**CURVE, "learned": CURVE["learned"] + [other]}).axes[1]
     first, second = (list(c.lines[0].get_ydata()) for c in low.containers)
     assert first == pytest.approx([0.9, 1.9, 2.9]) and second == pytest.approx([1.1, 2.1, 3.1])  # each layer
@@ -184,7 +184,7 @@ def test_corridor_curve_layer_axis_covers_the_deepest_learned_run():
     """Learned runs of 2, 4 and 3 layers on one figure: layers 1 to 4 are labelled, and each run's points sit
     at its own layers (side by side), its γ per layer as given."""
     depths = {"two": [-0.1, -0.2], "four": [-0.3, -0.4, -0.5, -0.6], "three": [-0.7, -0.8, -0.9]}
-    learned = [{"label": name, "n": 2, "layer_gamma": g, "layer_std": [0.01] * len(g)}
+    learned = [{"label": name, "layer_gamma": g, "layer_std": [0.01] * len(g)}
                for name, g in depths.items()]
     low = figures.corridor_curve({**CURVE, "learned": learned}).axes[1]
     assert [t.get_text() for t in low.get_yticklabels()] == ["layer 1", "layer 2", "layer 3", "layer 4"]
@@ -200,10 +200,11 @@ def test_corridor_curve_of_a_diverged_run_is_drawn_from_the_finite_ones(tmp_path
     """A learned run whose γ became NaN, one whose γ became inf, a fixed γ whose runs diverged (mean NaN): the
     figure is drawn and written, its γ axis spans the finite points, and the finite run's points are where
     they were."""
-    diverged = [{"label": "nan", "n": 1, "layer_gamma": [math.nan, -0.2, -0.3], "layer_std": [math.nan] * 3},
-                {"label": "inf", "n": 2, "layer_gamma": [math.inf, -math.inf, -0.4],
+    diverged = [{"label": "nan", "layer_gamma": [math.nan, -0.2, -0.3], "layer_std": [math.nan] * 3},
+                {"label": "inf", "layer_gamma": [math.inf, -math.inf, -0.4],
                  "layer_std": [math.inf] * 3}]
-    curve = {"curves": [{**CURVE["curves"][0], "mean": [0.01, math.nan, 0.0, 0.04]}],
+    points = [(g, math.nan if g == -0.3 else m, lo, hi) for g, m, lo, hi in CURVE["curves"][0]["points"]]
+    curve = {"curves": [{**CURVE["curves"][0], "points": points}],
              "learned": CURVE["learned"] + diverged}
     fig = figures.corridor_curve(curve)
     ax, low = fig.axes

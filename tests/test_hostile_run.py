@@ -191,7 +191,6 @@ def set_state(key, value):
 
 @pytest.mark.parametrize("edit, words", [
     (set_state("exp_avg", torch.zeros(32, 16)), "the entry of parameter 1 "),  # another order
-    (lambda ckpt: ckpt["optimizer"]["state"].update({99: {}}), "the entry of parameter 99 "),
     (lambda ckpt: ckpt["optimizer"]["param_groups"].pop(), "other parameter groups"),
 ])
 @pytest.mark.slow

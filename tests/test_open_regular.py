@@ -71,11 +71,14 @@ def test_appending_refuses_them_too_and_creates_nothing_through_a_link(planted, 
 
 
 @pytest.mark.parametrize("path", ["link", "dangling", "fifo"])
-def test_writing_anew_replaces_a_link_never_writes_through_it(planted, path):
-    """"wb" (a temporary) creates the file anew: what stood under its name goes, what a link named is kept."""
-    with open_regular(path, "wb") as f:
+def test_writing_anew_refuses_what_is_there_never_writes_through_it(planted, path):
+    """"wb" (atomic_write's temporary, a fresh name) creates a new file: a link or FIFO under its name is
+    refused, and what a link names is kept (a dangling link's target is not created)."""
+    with open_regular("new", "wb") as f:
         f.write(b"new")
-    assert os.path.isfile(path) and not os.path.islink(path) and open(path, "rb").read() == b"new"
+    assert open("new", "rb").read() == b"new"
+    with refused(path):
+        open_regular(path, "wb")
     assert open("file", "rb").read() == planted and not os.path.lexists("gone")
 
 
