@@ -10,7 +10,6 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
     python model.py --op=laplacian
 """
 
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -37,9 +36,41 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
     def __post_init__(self):
-        check_config(vars(self))  # below GPT: a ValueError names the setting and what is allowed
-        # the op's controls not given: defaults
-        self.controls = {**OPS[self.op].controls, **self.controls}
+        """Checks every setting, wherever a config is made: a ValueError names the setting and what
+        is allowed."""
+        def bad(key, allowed):
+            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
+        choices = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                bad(key, f"choose one of {', '.join(allowed)}")
+        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, key) < 1:
+                bad(key, "it must be a positive integer")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", "it must be in [0, 1)")
+        # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+        if self.impl == "triton":
+            try:  # an ImportError names the torch it needs
+                from kernel import HEAD_DIMS
+            except ModuleNotFoundError:  # no triton
+                bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+            if self.dropout:
+                bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+            if self.n_embd // self.n_head not in HEAD_DIMS:
+                bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} "
+                            f"and {HEAD_DIMS[-1]}, not n_embd / n_head = {self.n_embd // self.n_head}; "
+                            "use impl='sdpa'")
+        # the op's controls: those not given take their defaults, then the op checks their values
+        Op = OPS[self.op]
+        for key in self.controls:
+            if key not in Op.controls:
+                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: "
+                                 f"{', '.join(Op.controls) or 'none'}); drop it or change op")
+        self.controls = {**Op.controls, **self.controls}
+        Op.check(self.n_head, self.controls)
 
 
 class CausalSelfAttention(nn.Module):
@@ -280,48 +311,6 @@ class GPT(nn.Module):
             raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: {message}); "
                              "it comes from another version or was edited") from None
         return model
-
-
-def check_config(config):
-    """GPTConfig's checks of config, a dict of its settings (train.py's model_args: the data's
-    vocab_size yet unknown), wherever it is made: a ValueError names the setting and what is
-    allowed."""
-    def bad(key, allowed):
-        raise ValueError(f"{key}={config[key]!r} is not allowed: {allowed}")
-    allowed = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
-    for key, choices in allowed.items():
-        if config[key] not in choices:
-            bad(key, f"choose one of {', '.join(choices)}")
-    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        if key in config and (type(config[key]) is not int or config[key] < 1):
-            bad(key, "it must be a positive integer")
-    if config["n_embd"] % config["n_head"]:
-        bad("n_embd", f"it must be divisible by n_head={config['n_head']}")
-    if not 0.0 <= config["dropout"] < 1.0:
-        bad("dropout", "it must be in [0, 1)")
-    # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
-    if config["impl"] == "triton":
-        if importlib.util.find_spec("triton") is None:
-            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-        if config["dropout"]:
-            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        # the kernel's own table; an ImportError names the torch it needs
-        from kernel import HEAD_DIMS
-        if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
-            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
-                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "
-                        "use impl='sdpa'")
-    Op = OPS[config["op"]]
-    for key, value in config["controls"].items():
-        if key not in Op.controls:
-            raise ValueError(f"{key} is not a control of op={config['op']!r} (its controls: "
-                             f"{', '.join(Op.controls) or 'none'}); drop it or change op")
-        finite = type(value) in (int, float) and math.isfinite(value)
-        if type(Op.controls[key]) is float and not finite:
-            raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")
-        if type(Op.controls[key]) is bool and type(value) is not bool:
-            raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
-    Op.check(config["n_head"], {**Op.controls, **config["controls"]})
 
 
 # -----------------------------------------------------------------------------

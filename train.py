@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 import torch
 
-from model import GPT, GPTConfig, check_config
+from model import GPT, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
@@ -241,11 +241,10 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
 
 def train(cfg, ckpt, changed):
     # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir
-    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                      block_size=cfg.block_size, bias=cfg.bias, dropout=cfg.dropout, op=cfg.op,
-                      impl=cfg.impl, gelu=cfg.gelu,
-                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # operators.py
-    check_config(model_args)  # GPTConfig's checks, before any file or device is touched
+    model_args = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
+                                                "dropout", "op", "impl", "gelu")}
+    model_args["controls"] = {k: getattr(cfg, k) for k in OPS[cfg.op].controls}  # operators.py
+    GPTConfig(**model_args)  # its checks (the data's vocab_size yet unknown), before any file or device
     run = start_process(cfg)  # this process: rank, device, dtype, autocast; DDP; the seed
     data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the others waiting
     meta = load_meta(data_dir)
