@@ -233,15 +233,15 @@ class GPT(nn.Module):
         the operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key
         "lr_scale", which the training loop applies): Adam moves each by ~its lr per step, too
         little to see in fine-tuning."""
-        op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
+        op_scalars = {p for op in self.head_operators() for p in op.parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2 and id(p) not in op_params]
-        op_scalars = [p for p in params if id(p) in op_params]
-        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0),
-                  dict(params=op_scalars, weight_decay=0.0, lr_scale=op_lr_scale)]
-        groups = [{**g, "lr": learning_rate * g.get("lr_scale", 1.0)} for g in groups if g["params"]]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay,
+                       lr=learning_rate),
+                  dict(params=[p for p in params if p.dim() < 2 and p not in op_scalars],
+                       weight_decay=0.0, lr=learning_rate),
+                  dict(params=[p for p in params if p in op_scalars], weight_decay=0.0,
+                       lr=learning_rate * op_lr_scale, lr_scale=op_lr_scale)]
+        return torch.optim.AdamW([g for g in groups if g["params"]], betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
         """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak,
@@ -348,13 +348,14 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 
 if __name__ == "__main__":
-    from support.configurator import ConfigError, configure, one_of, require_torch
+    from support.configurator import configure, one_of, require_torch
     try:
         require_torch(torch.__version__)
-        cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)},
+                               files=False)
         # its heads have no γ to set
         if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:
-            raise ConfigError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
+            raise ValueError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
         demo(cfg.op, cfg.gamma)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # ConfigError's one line too
         sys.exit(f"error: {e}")
