@@ -85,8 +85,8 @@ def parse_config(argv):
     """(cfg, given): train.py's settings and every op's controls (an op may be registered after this
     import), after config files and --key=value, checked by support/settings.py's rules; given: the
     keys set."""
-    help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
-    return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
+    return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES,
+                     help_from=settings.help_from(sys.modules[__name__]))
 
 
 def get_lr(it, cfg):
@@ -112,23 +112,21 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, model_args, meta, ckpt):
-    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its
-    settings but dropout and impl, which model_args sets), or GPT-2's weights with the heads of
-    model_args' op."""
-    if ckpt is None and cfg.init_from == "scratch":
+    """The model that cfg.init_from asks for: the checkpoint's (its settings but dropout and impl,
+    cfg's), a new one of model_args, or GPT-2's weights with the heads of cfg's op."""
+    if ckpt is not None:
+        model = GPT.from_checkpoint(ckpt, dropout=cfg.dropout, impl=cfg.impl)
+        settings.check_same_data(ckpt, meta, cfg.dataset)
+        return model
+    if cfg.init_from == "scratch":
         # GPT-2's: a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
-    if ckpt is not None:
-        model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
-        settings.check_same_data(ckpt, meta, cfg.dataset)
-        return model
     # GPT-2 weights, heads of the chosen op
     settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
-    model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
-                                dropout=model_args["dropout"], impl=model_args["impl"])
-    if model_args["block_size"] < model.config.block_size:
-        model.crop_block_size(model_args["block_size"])
+    model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=model_args["controls"],
+                                dropout=cfg.dropout, impl=cfg.impl)
+    model.crop_block_size(cfg.block_size)  # at most GPT-2's 1024 (settings.work_out)
     return model
 
 
