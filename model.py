@@ -280,19 +280,20 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="sdpa"):
-        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any
-        op. With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes,
-        so fine-tuning starts from attention and the heads are free to move into the corridor."""
+    def from_pretrained(cls, name_or_path, **changes):
+        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with the
+        caller's changes (GPTConfig's op, controls, dropout, impl): any op. With op='mix' at γ=0,
+        δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning starts
+        from attention and the heads are free to move into the corridor."""
         # lazy: reads and checks the folder or the hub's files
         from support.pretrained import gpt2_weights
         # checked against config.json before anything is built
         sizes, weights = gpt2_weights(name_or_path)
-        model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {},
-                              dropout=dropout, impl=impl))
+        model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", **changes))
         # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from
         # nn.Linear's
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                      "mlp.c_proj.weight")
         weights = {k: w.t() if k.endswith(transposed) else w for k, w in weights.items()}
         # all but the operators' own scalars (and the tied head)
         model.load_state_dict(weights, strict=False)

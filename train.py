@@ -324,11 +324,11 @@ def train(cfg, ckpt, changed):
     return raw_model
 
 
-def main(argv=None):
+def main(argv):
     args = None
     try:
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
-        args, given = parse_config(sys.argv[1:] if argv is None else argv)
+        args, given = parse_config(argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
     except (ValueError, ImportError, FloatingPointError, OSError) as e:  # ours, kernel.py's, I/O
         sys.exit(exit_status(e))
@@ -341,4 +341,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
