@@ -322,15 +322,13 @@ class GPT(nn.Module):
 def demo(op="mix", gamma=-0.5, T=6, seed=0):
     torch.manual_seed(seed)
     controls = {"gamma_init": gamma} if "gamma_init" in OPS[op].controls else {}
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op,
-                       controls=controls)
-    model = GPT(config).double().eval()
-    x = torch.randn(1, T, config.n_embd, dtype=torch.float64)
-    attn = model.transformer.h[0].attn
-    q, k, _ = attn.qkv(x)
-    M = operator_matrix(q, k, *attn.op.coefficients())[0]  # (nh, T, T)
+    config = GPTConfig(n_head=4, n_embd=32, op=op, controls=controls)
+    attn = CausalSelfAttention(config).double()  # one layer's heads
+    q, k, _ = attn.qkv(torch.randn(1, T, config.n_embd, dtype=torch.float64))
+    a, b = attn.op.coefficients()  # (nh,) each
+    M = operator_matrix(q, k, a, b)[0]  # (nh, T, T)
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
-    gamma_h, delta_h = (t[0, h] for t in model.gamma_delta())  # head h's own (γ, δ)
+    gamma_h, delta_h = a[h] / b[h], b[h]  # head h's own (γ, δ)
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
     print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma_h:.3f}, δ = {delta_h:.3f}")
     print(f"its {T}×{T} operator (row i mixes the values v_0..v_i of the positions it may see):")
