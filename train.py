@@ -130,40 +130,36 @@ def build_model(cfg, model_args, meta, ckpt):
     return model
 
 
-class Evaluation:
-    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val
-    set (the same tokens on every machine, for every seed, batch size and process count:
-    dataloader.ValSet), in nats per token and in bits per byte (which compares tokenizers); the
-    train loss over the same eval_iters sampled batches every time; HellaSwag's acc_norm when due;
-    every head's (γ, δ)."""
-
-    def __init__(self, cfg, run, data_dir, meta, vocab_size):
-        self.cfg, self.run = cfg, run
-        self.val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, run.rank, run.world_size, vocab_size)
-        self.train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
-                                         run.world_size, vocab_size, cfg.seed)
-        try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
-            self.val_bytes = int(token_bytes(meta)[self.val_set.tokens[1:]].sum())
-        except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
-            self.val_bytes = None
-            run.say(f"note: no bits per byte in this run: {e}")
-        self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples, token rows
-                          if cfg.hellaswag_interval else None)
+def evaluator(cfg, run, data_dir, meta, vocab_size):
+    """evaluate(model, iter_num, tokens): what is evaluated at every eval_interval, printed and
+    logged: the val loss over the fixed val set (the same tokens on every machine, for every seed,
+    batch size and process count: dataloader.ValSet), in nats per token and in bits per byte (which
+    compares tokenizers); the train loss over the same eval_iters sampled batches every time;
+    HellaSwag's acc_norm when due; every head's (γ, δ)."""
+    val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, run.rank, run.world_size, vocab_size)
+    train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
+                                run.world_size, vocab_size, cfg.seed)
+    try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
+        val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
+    except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
+        val_bytes = None
+        run.say(f"note: no bits per byte in this run: {e}")
+    examples = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # HellaSwag's, token rows
+                if cfg.hellaswag_interval else None)
 
     @torch.no_grad()
-    def losses(self, model):
-        cfg, run = self.cfg, self.run
+    def losses(model):
         model.eval()
         val_sum = 0.0
-        for x, y in self.val_set.batches(cfg.batch_size):
+        for x, y in val_set.batches(cfg.batch_size):
             with run.ctx:
                 _, loss = model(x.to(run.dev), y.to(run.dev))
             val_sum += loss.item() * y.numel()  # (loss: the batch's mean)
         train_sum = torch.zeros((), device=run.dev)
-        self.train_batches.reset()  # the same batches at every evaluation
+        train_batches.reset()  # the same batches at every evaluation
         for _ in range(cfg.eval_iters):
             with run.ctx:
-                _, loss = model(*self.train_batches.next_batch(run.dev))
+                _, loss = model(*train_batches.next_batch(run.dev))
             train_sum += loss.float()
         model.train()
         sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64,
@@ -171,27 +167,28 @@ class Evaluation:
         if run.ddp:
             torch.distributed.all_reduce(sums)
         val_total, train_total = sums.tolist()
-        return val_total / self.val_set.count, train_total / (cfg.eval_iters * run.world_size)
+        return val_total / val_set.count, train_total / (cfg.eval_iters * run.world_size)
 
-    def __call__(self, model, iter_num, tokens):
+    def evaluate(model, iter_num, tokens):
         """Evaluate, print and log; returns the val loss (NaN or inf: the loop stops the run)."""
-        cfg, run = self.cfg, self.run
-        val_loss, train_loss = self.losses(model)
+        val_loss, train_loss = losses(model)
         record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": train_loss,
-                  "val_loss": val_loss, "val_tokens": self.val_set.count}
+                  "val_loss": val_loss, "val_tokens": val_set.count}
         line = f"step {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}"
-        if self.val_bytes:  # nats per token -> bits per byte
-            record["val_bpb"] = val_loss / math.log(2) * self.val_set.count / self.val_bytes
+        if val_bytes:  # nats per token -> bits per byte
+            record["val_bpb"] = val_loss / math.log(2) * val_set.count / val_bytes
             line += f" ({record['val_bpb']:.4f} bits/byte)"
         due = cfg.eval_only or iter_num == cfg.max_iters
-        if self.hellaswag is not None and (due or iter_num % cfg.hellaswag_interval == 0):
-            record["hellaswag"] = hellaswag.score(model, self.hellaswag, cfg.batch_size, run.dev, run.rank,
+        if examples is not None and (due or iter_num % cfg.hellaswag_interval == 0):
+            record["hellaswag"] = hellaswag.score(model, examples, cfg.batch_size, run.dev, run.rank,
                                                   run.world_size, run.ctx)
-            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(self.hellaswag):,} examples)"
+            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(examples):,} examples)"
         gamma, delta = model.gamma_delta()
         run.say(f"{line} | {corridor_summary(gamma, delta)}")
         run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
         return val_loss
+
+    return evaluate
 
 
 def log_train(run, **record):
@@ -255,7 +252,7 @@ def train(cfg, ckpt, changed):
         run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
                                run.world_size, model.config.vocab_size, cfg.seed)
-    evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
+    evaluate = evaluator(cfg, run, data_dir, meta, model.config.vocab_size)  # (model, iter, tokens)
     iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the counters
     rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # lock, log
     first_iter = iter_num  # a resumed run was evaluated there before it stopped
