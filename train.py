@@ -178,8 +178,9 @@ def evaluator(cfg, run, data_dir, meta, vocab_size):
         if val_bytes:  # nats per token -> bits per byte
             record["val_bpb"] = val_loss / math.log(2) * val_set.count / val_bytes
             line += f" ({record['val_bpb']:.4f} bits/byte)"
-        due = cfg.eval_only or iter_num == cfg.max_iters
-        if examples is not None and (due or iter_num % cfg.hellaswag_interval == 0):
+        # HellaSwag when due, and at the end
+        if examples and (cfg.eval_only or iter_num == cfg.max_iters
+                         or iter_num % cfg.hellaswag_interval == 0):
             record["hellaswag"] = hellaswag.score(model, examples, cfg.batch_size, run.dev, run.rank,
                                                   run.world_size, run.ctx)
             line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(examples):,} examples)"
