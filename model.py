@@ -44,7 +44,7 @@ class GPTConfig:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 bad(key, f"choose one of {', '.join(allowed)}")
-        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        for key in ("block_size", "n_layer", "n_head", "n_embd"):  # (vocab_size: the data's)
             if getattr(self, key) < 1:
                 bad(key, "it must be a positive integer")
         if self.n_embd % self.n_head:
