@@ -15,7 +15,6 @@ one call into support/.
 import math
 import sys
 import time
-from dataclasses import asdict
 
 import torch
 
@@ -276,7 +275,7 @@ def train(cfg, ckpt, changed):
                 checkpoint = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    "model_args": asdict(raw_model.config),  # what GPT.from_checkpoint builds
+                    "model_args": vars(raw_model.config),  # what GPT.from_checkpoint builds
                     "iter_num": iter_num, "tokens": tokens, "best_val_loss": best_val_loss,
                     "config": vars(cfg),  # every setting, as config.json shows them
                     "loader": train_loader.state_dict(),  # where the data order goes on
