@@ -36,41 +36,9 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
     def __post_init__(self):
-        """Checks every setting, wherever a config is made: a ValueError names the setting and what
-        is allowed."""
-        def bad(key, allowed):
-            raise ValueError(f"{key}={getattr(self, key)!r} is not allowed: {allowed}")
-        choices = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                bad(key, f"choose one of {', '.join(allowed)}")
-        for key in ("block_size", "n_layer", "n_head", "n_embd"):  # (vocab_size: the data's)
-            if getattr(self, key) < 1:
-                bad(key, "it must be a positive integer")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"it must be divisible by n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", "it must be in [0, 1)")
-        # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
-        if self.impl == "triton":
-            try:  # an ImportError names the torch it needs
-                from kernel import HEAD_DIMS
-            except ModuleNotFoundError:  # no triton
-                bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-            if self.dropout:
-                bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-            if self.n_embd // self.n_head not in HEAD_DIMS:
-                bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} "
-                            f"and {HEAD_DIMS[-1]}, not n_embd / n_head = {self.n_embd // self.n_head}; "
-                            "use impl='sdpa'")
-        # the op's controls: those not given take their defaults, then the op checks their values
-        Op = OPS[self.op]
-        for key in self.controls:
-            if key not in Op.controls:
-                raise ValueError(f"{key} is not a control of op={self.op!r} (its controls: "
-                                 f"{', '.join(Op.controls) or 'none'}); drop it or change op")
-        self.controls = {**Op.controls, **self.controls}
-        Op.check(self.n_head, self.controls)
+        check_config(self)  # below GPT: a ValueError names the setting and what is allowed
+        # the op's controls not given: defaults
+        self.controls = {**OPS[self.op].controls, **self.controls}
 
 
 class CausalSelfAttention(nn.Module):
@@ -312,6 +280,43 @@ class GPT(nn.Module):
             raise ValueError(f"the checkpoint does not fit this code ({type(e).__name__}: {message}); "
                              "it comes from another version or was edited") from None
         return model
+
+
+def check_config(config):
+    """GPTConfig's checks, wherever one is made (train.py makes one before any file or device is
+    touched): a ValueError names the setting and what is allowed."""
+    def bad(key, allowed):
+        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+    choices = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
+    for key, allowed in choices.items():
+        if getattr(config, key) not in allowed:
+            bad(key, f"choose one of {', '.join(allowed)}")
+    for key in ("block_size", "n_layer", "n_head", "n_embd"):  # (vocab_size: the data's)
+        if getattr(config, key) < 1:
+            bad(key, "it must be a positive integer")
+    if config.n_embd % config.n_head:
+        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
+    if not 0.0 <= config.dropout < 1.0:
+        bad("dropout", "it must be in [0, 1)")
+    # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
+    if config.impl == "triton":
+        try:  # an ImportError names the torch it needs
+            from kernel import HEAD_DIMS
+        except ModuleNotFoundError:  # no triton
+            bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
+        if config.dropout:
+            bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
+        if config.n_embd // config.n_head not in HEAD_DIMS:
+            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} "
+                        f"and {HEAD_DIMS[-1]}, not n_embd / n_head = "
+                        f"{config.n_embd // config.n_head}; use impl='sdpa'")
+    # the op's controls: each one of its own, their values as the op allows
+    Op = OPS[config.op]
+    for key in config.controls:
+        if key not in Op.controls:
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: "
+                             f"{', '.join(Op.controls) or 'none'}); drop it or change op")
+    Op.check(config.n_head, {**Op.controls, **config.controls})
 
 
 # -----------------------------------------------------------------------------
