@@ -10,7 +10,6 @@ Classroom demo (prints one head's T×T operator and checks the corridor identity
     python model.py --op=laplacian
 """
 
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ class GPTConfig:
     gelu: str = "none"  # the GELU: none (exact, faster on CPUs) or tanh (GPT-2's weights need it)
 
     def __post_init__(self):
-        check_config(vars(self))  # below GPT: a ValueError names the setting and what is allowed
+        check_config(self)  # below GPT: a ValueError names the setting and what is allowed
         # the op's controls not given: defaults
         self.controls = {**OPS[self.op].controls, **self.controls}
 
@@ -202,15 +201,15 @@ class GPT(nn.Module):
         the operators' per-head scalars. Those learn at learning_rate × op_lr_scale (group key
         "lr_scale", which the training loop applies): Adam moves each by ~its lr per step, too
         little to see in fine-tuning."""
-        op_params = {id(p) for op in self.head_operators() for p in op.parameters()}
+        op_scalars = {p for op in self.head_operators() for p in op.parameters()}
         params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2 and id(p) not in op_params]
-        op_scalars = [p for p in params if id(p) in op_params]
-        groups = [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0),
-                  dict(params=op_scalars, weight_decay=0.0, lr_scale=op_lr_scale)]
-        groups = [{**g, "lr": learning_rate * g.get("lr_scale", 1.0)} for g in groups if g["params"]]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=True)
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay,
+                       lr=learning_rate),
+                  dict(params=[p for p in params if p.dim() < 2 and p not in op_scalars],
+                       weight_decay=0.0, lr=learning_rate),
+                  dict(params=[p for p in params if p in op_scalars], weight_decay=0.0,
+                       lr=learning_rate * op_lr_scale, lr_scale=op_lr_scale)]
+        return torch.optim.AdamW([g for g in groups if g["params"]], betas=betas, fused=True)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
         """Model FLOPs utilisation: the FLOP/s of fwdbwd_per_iter sequences in dt seconds over peak,
@@ -249,19 +248,20 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path, op="mix", controls=None, dropout=0.0, impl="sdpa"):
-        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with any
-        op. With op='mix' at γ=0, δ=1 (the defaults) the model computes exactly what GPT-2 computes,
-        so fine-tuning starts from attention and the heads are free to move into the corridor."""
+    def from_pretrained(cls, name_or_path, **changes):
+        """OpenAI GPT-2 weights (a hub name or a local directory saved by transformers), with the
+        caller's changes (GPTConfig's op, controls, dropout, impl): any op. With op='mix' at γ=0,
+        δ=1 (the defaults) the model computes exactly what GPT-2 computes, so fine-tuning starts
+        from attention and the heads are free to move into the corridor."""
         # lazy: reads and checks the folder or the hub's files
         from support.pretrained import gpt2_weights
         # checked against config.json before anything is built
         sizes, weights = gpt2_weights(name_or_path)
-        model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", op=op, controls=controls or {},
-                              dropout=dropout, impl=impl))
+        model = cls(GPTConfig(**sizes, bias=True, gelu="tanh", **changes))
         # OpenAI's checkpoints use a Conv1D module, which stores these weights transposed from
         # nn.Linear's
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                      "mlp.c_proj.weight")
         weights = {k: w.t() if k.endswith(transposed) else w for k, w in weights.items()}
         # all but the operators' own scalars (and the tied head)
         model.load_state_dict(weights, strict=False)
@@ -283,45 +283,40 @@ class GPT(nn.Module):
 
 
 def check_config(config):
-    """GPTConfig's checks of config, a dict of its settings (train.py's model_args: the data's
-    vocab_size yet unknown), wherever it is made: a ValueError names the setting and what is
-    allowed."""
+    """GPTConfig's checks, wherever one is made (train.py makes one before any file or device is
+    touched): a ValueError names the setting and what is allowed."""
     def bad(key, allowed):
-        raise ValueError(f"{key}={config[key]!r} is not allowed: {allowed}")
-    allowed = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
-    for key, choices in allowed.items():
-        if config[key] not in choices:
-            bad(key, f"choose one of {', '.join(choices)}")
-    for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-        if key in config and (type(config[key]) is not int or config[key] < 1):
+        raise ValueError(f"{key}={getattr(config, key)!r} is not allowed: {allowed}")
+    choices = dict(op=OPS, impl=("sdpa", "materialized", "triton"), gelu=("none", "tanh"))
+    for key, allowed in choices.items():
+        if getattr(config, key) not in allowed:
+            bad(key, f"choose one of {', '.join(allowed)}")
+    for key in ("block_size", "n_layer", "n_head", "n_embd"):  # (vocab_size: the data's)
+        if getattr(config, key) < 1:
             bad(key, "it must be a positive integer")
-    if config["n_embd"] % config["n_head"]:
-        bad("n_embd", f"it must be divisible by n_head={config['n_head']}")
-    if not 0.0 <= config["dropout"] < 1.0:
+    if config.n_embd % config.n_head:
+        bad("n_embd", f"it must be divisible by n_head={config.n_head}")
+    if not 0.0 <= config.dropout < 1.0:
         bad("dropout", "it must be in [0, 1)")
     # the fused kernel (kernel.py): Linux only, no dropout, its head sizes
-    if config["impl"] == "triton":
-        if importlib.util.find_spec("triton") is None:
+    if config.impl == "triton":
+        try:  # an ImportError names the torch it needs
+            from kernel import HEAD_DIMS
+        except ModuleNotFoundError:  # no triton
             bad("impl", "the triton package is not installed (Linux only); use impl='sdpa'")
-        if config["dropout"]:
+        if config.dropout:
             bad("impl", "the fused kernel has no attention dropout; use dropout=0.0 or impl='sdpa'")
-        # the kernel's own table; an ImportError names the torch it needs
-        from kernel import HEAD_DIMS
-        if config["n_embd"] // config["n_head"] not in HEAD_DIMS:
-            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} and "
-                        f"{HEAD_DIMS[-1]}, not n_embd / n_head = {config['n_embd'] // config['n_head']}; "
-                        "use impl='sdpa'")
-    Op = OPS[config["op"]]
-    for key, value in config["controls"].items():
+        if config.n_embd // config.n_head not in HEAD_DIMS:
+            bad("impl", f"the fused kernel takes head sizes {', '.join(map(str, HEAD_DIMS[:-1]))} "
+                        f"and {HEAD_DIMS[-1]}, not n_embd / n_head = "
+                        f"{config.n_embd // config.n_head}; use impl='sdpa'")
+    # the op's controls: each one of its own, their values as the op allows
+    Op = OPS[config.op]
+    for key in config.controls:
         if key not in Op.controls:
-            raise ValueError(f"{key} is not a control of op={config['op']!r} (its controls: "
+            raise ValueError(f"{key} is not a control of op={config.op!r} (its controls: "
                              f"{', '.join(Op.controls) or 'none'}); drop it or change op")
-        finite = type(value) in (int, float) and math.isfinite(value)
-        if type(Op.controls[key]) is float and not finite:
-            raise ValueError(f"{key}={value!r} is not allowed: it must be a finite number")
-        if type(Op.controls[key]) is bool and type(value) is not bool:
-            raise ValueError(f"{key}={value!r} is not allowed: it must be True or False")
-    Op.check(config["n_head"], {**Op.controls, **config["controls"]})
+    Op.check(config.n_head, {**Op.controls, **config.controls})
 
 
 # -----------------------------------------------------------------------------
@@ -332,15 +327,13 @@ def check_config(config):
 def demo(op="mix", gamma=-0.5, T=6, seed=0):
     torch.manual_seed(seed)
     controls = {"gamma_init": gamma} if "gamma_init" in OPS[op].controls else {}
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=32, op=op,
-                       controls=controls)
-    model = GPT(config).double().eval()
-    x = torch.randn(1, T, config.n_embd, dtype=torch.float64)
-    attn = model.transformer.h[0].attn
-    q, k, _ = attn.qkv(x)
-    M = operator_matrix(q, k, *attn.op.coefficients())[0]  # (nh, T, T)
+    config = GPTConfig(n_head=4, n_embd=32, op=op, controls=controls)
+    attn = CausalSelfAttention(config).double()  # one layer's heads
+    q, k, _ = attn.qkv(torch.randn(1, T, config.n_embd, dtype=torch.float64))
+    a, b = attn.op.coefficients()  # (nh,) each
+    M = operator_matrix(q, k, a, b)[0]  # (nh, T, T)
     h = config.n_head - 1  # the last head: a Laplacian head for op=laplacian
-    gamma_h, delta_h = (t[0, h] for t in model.gamma_delta())  # head h's own (γ, δ)
+    gamma_h, delta_h = a[h] / b[h], b[h]  # head h's own (γ, δ)
     torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
     print(f"op={op}: head {h} of layer 0 applies a·I + b·P with γ = {gamma_h:.3f}, δ = {delta_h:.3f}")
     print(f"its {T}×{T} operator (row i mixes the values v_0..v_i of the positions it may see):")
@@ -359,13 +352,14 @@ def demo(op="mix", gamma=-0.5, T=6, seed=0):
 
 
 if __name__ == "__main__":
-    from support.configurator import ConfigError, configure, one_of, require_torch
+    from support.configurator import configure, one_of, require_torch
     try:
         require_torch(torch.__version__)
-        cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)}, files=False)
+        cfg, given = configure(dict(op="mix", gamma=-0.5), sys.argv[1:], {"op": one_of(*OPS)},
+                               files=False)
         # its heads have no γ to set
         if "gamma" in given and "gamma_init" not in OPS[cfg.op].controls:
-            raise ConfigError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
+            raise ValueError(f"gamma is not a control of op={cfg.op!r}; drop it or choose an op with a γ")
         demo(cfg.op, cfg.gamma)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # ConfigError's one line too
         sys.exit(f"error: {e}")

@@ -51,7 +51,7 @@ class HeadOperator(nn.Module):
     get no weight decay and learn at learning_rate × op_lr_scale."""
     controls = {}
 
-    def __init__(self, n_head, **controls):
+    def __init__(self, n_head):
         super().__init__()
         self.n_head = n_head
 

@@ -18,8 +18,9 @@ from support.configurator import (SEED, ConfigError, at_least, configure, option
 from support.dataloader import get_tokenizer
 from support.hardware import device_rule, pick_device
 from model import GPT
-from operators import OPS, all_controls
+from operators import all_controls
 from support.rundir import load_checkpoint
+from support.settings import help_from
 
 DEFAULTS = dict(
     init_from="resume",  # resume (out_dir's ckpt.pt), gpt2..gpt2-xl or a local GPT-2 folder
@@ -89,8 +90,8 @@ def sample(cfg, given=frozenset()):
 def main(argv):
     try:
         require_torch(torch.__version__)
-        help_from = [("", sys.modules[__name__])] + [(f"(op={n}) ", Op) for n, Op in OPS.items()]
-        return sample(*configure(DEFAULTS, argv, RULES, files=False, help_from=help_from))
+        return sample(*configure(DEFAULTS, argv, RULES, files=False,
+                                 help_from=help_from(sys.modules[__name__])))
     except ValueError as e:  # ConfigError, DataError
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # sampling writes nothing

@@ -453,8 +453,6 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
     (dict(dropout=-0.1), "dropout=-0.1 is not allowed: it must be in [0, 1)"),
     (dict(dropout=1.0), "dropout=1.0 is not allowed: it must be in [0, 1)"),
     (dict(n_layer=0), "n_layer=0 is not allowed: it must be a positive integer"),
-    (dict(block_size=16.0), "block_size=16.0 is not allowed: it must be a positive integer"),
-    (dict(n_head=True), "n_head=True is not allowed: it must be a positive integer"),
     (dict(n_embd=30), "n_embd=30 is not allowed: it must be divisible by n_head=4"),
     (dict(impl="cuda"), "impl='cuda' is not allowed: choose one of sdpa, materialized, triton"),
     (dict(impl="auto"), "impl='auto' is not allowed: choose one of sdpa, materialized, triton"),
@@ -474,18 +472,8 @@ def test_too_long_sequence_and_unknown_pretrained_name(tmp_path):
                                      "None"),
     (dict(op="mix", gamma_min=0.0, gamma_init=-0.01),
      "gamma_init=-0.01 is below gamma_min=0.0: start γ inside its range"),
-    # a control's type is its default's (a float's takes an int), whichever op declares it
-    (dict(op="mix", gamma_init=None), "gamma_init=None is not allowed: it must be a finite number"),
-    (dict(op="mix", gamma_init="x", gamma_min=0.0),
-     "gamma_init='x' is not allowed: it must be a finite number"),
-    (dict(op="mix_ab", delta_init=True), "delta_init=True is not allowed: it must be a finite number"),
-    (dict(op="mix_alpha", gamma_init=[0.5]), "gamma_init=[0.5] is not allowed: it must be a finite number"),
-    (dict(op="mix", gamma_init=math.nan), "gamma_init=nan is not allowed: it must be a finite number"),
-    (dict(op="mix_ab", delta_init=-math.inf), "delta_init=-inf is not allowed: it must be a finite number"),
     (dict(op="mix", gamma_min=math.nan),
      "gamma_min=nan is not allowed: give a number (γ is kept ≥ it) or None"),
-    (dict(op="mix", learn_gamma=1), "learn_gamma=1 is not allowed: it must be True or False"),
-    (dict(op="mix", learn_delta=None), "learn_delta=None is not allowed: it must be True or False"),
 ])
 def test_bad_config_message_says_what_is_allowed(kw, message):
     with pytest.raises(ValueError) as e:
@@ -493,11 +481,14 @@ def test_bad_config_message_says_what_is_allowed(kw, message):
     assert str(e.value) == message
 
 
+def without_triton(monkeypatch):
+    """This process as where triton is not installed: `import triton` (and kernel.py) fails."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "kernel", raising=False)
+
+
 def test_impl_triton_without_triton_is_refused_by_the_config(monkeypatch):
-    import importlib.util
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", 
-                        lambda name: None if name == "triton" else find_spec(name))
+    without_triton(monkeypatch)
     with pytest.raises(ValueError) as e:
         tiny("mix", impl="triton")
     assert str(e.value) == ("impl='triton' is not allowed: the triton package is not installed (Linux only); "
@@ -561,12 +552,11 @@ def test_from_checkpoint_names_the_callers_own_setting_not_the_checkpoint():
 def test_from_checkpoint_of_a_triton_run_loads_with_sdpa_where_triton_is_missing(monkeypatch):
     """A run trained with the fused kernel, loaded where triton is not installed: impl='sdpa', the caller's
     change, replaces the checkpoint's impl before anything is checked against this machine."""
-    import importlib.util
     model = GPT(tiny("mix", n_head=2))  # head size 16, which the kernel takes
     ckpt = {"model": model.state_dict(), "model_args": {**vars(model.config), "impl": "triton"}}
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name: None if name == "triton" else find_spec(name))
+    without_triton(monkeypatch)
+    with pytest.raises(ValueError, match="the triton package is not installed"):  # as the file says
+        GPT.from_checkpoint(ckpt)
     again = GPT.from_checkpoint(ckpt, impl="sdpa")
     assert again.config.impl == "sdpa" and again.config.controls == model.config.controls
 

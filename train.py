@@ -15,11 +15,10 @@ one call into support/.
 import math
 import sys
 import time
-from dataclasses import asdict
 
 import torch
 
-from model import GPT, GPTConfig, check_config
+from model import GPT, GPTConfig
 from operators import OPS, all_controls
 from prepare_data import ensure_prepared
 from support import hellaswag, kernel_check, rundir, settings
@@ -85,8 +84,8 @@ def parse_config(argv):
     """(cfg, given): train.py's settings and every op's controls (an op may be registered after this
     import), after config files and --key=value, checked by support/settings.py's rules; given: the
     keys set."""
-    help_from = [("", sys.modules[__name__])] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
-    return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES, help_from=help_from)
+    return configure({**DEFAULTS, **all_controls()}, argv, settings.RULES,
+                     help_from=settings.help_from(sys.modules[__name__]))
 
 
 def get_lr(it, cfg):
@@ -112,60 +111,54 @@ def corridor_summary(gamma, delta):
 
 
 def build_model(cfg, model_args, meta, ckpt):
-    """The model that cfg.init_from asks for: a new one of model_args, the checkpoint's (its
-    settings but dropout and impl, which model_args sets), or GPT-2's weights with the heads of
-    model_args' op."""
-    if ckpt is None and cfg.init_from == "scratch":
+    """The model that cfg.init_from asks for: the checkpoint's (its settings but dropout and impl,
+    cfg's), a new one of model_args, or GPT-2's weights with the heads of cfg's op."""
+    if ckpt is not None:
+        model = GPT.from_checkpoint(ckpt, dropout=cfg.dropout, impl=cfg.impl)
+        settings.check_same_data(ckpt, meta, cfg.dataset)
+        return model
+    if cfg.init_from == "scratch":
         # GPT-2's: a multiple of 64
         vocab = 50304 if meta["vocab_size"] == 50257 else meta["vocab_size"]
         return GPT(GPTConfig(**model_args, vocab_size=vocab))
-    if ckpt is not None:
-        model = GPT.from_checkpoint(ckpt, dropout=model_args["dropout"], impl=model_args["impl"])
-        settings.check_same_data(ckpt, meta, cfg.dataset)
-        return model
     # GPT-2 weights, heads of the chosen op
     settings.check_gpt2_tokens(cfg.init_from, cfg.dataset, meta)
-    model = GPT.from_pretrained(cfg.init_from, op=model_args["op"], controls=model_args["controls"],
-                                dropout=model_args["dropout"], impl=model_args["impl"])
-    if model_args["block_size"] < model.config.block_size:
-        model.crop_block_size(model_args["block_size"])
+    model = GPT.from_pretrained(cfg.init_from, op=cfg.op, controls=model_args["controls"],
+                                dropout=cfg.dropout, impl=cfg.impl)
+    model.crop_block_size(cfg.block_size)  # at most GPT-2's 1024 (settings.work_out)
     return model
 
 
-class Evaluation:
-    """What is evaluated at every eval_interval, printed and logged: the val loss over the fixed val
-    set (the same tokens on every machine, for every seed, batch size and process count:
-    dataloader.ValSet), in nats per token and in bits per byte (which compares tokenizers); the
-    train loss over the same eval_iters sampled batches every time; HellaSwag's acc_norm when due;
-    every head's (γ, δ)."""
-
-    def __init__(self, cfg, run, data_dir, meta, vocab_size):
-        self.cfg, self.run = cfg, run
-        self.val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, run.rank, run.world_size, vocab_size)
-        self.train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
-                                         run.world_size, vocab_size, cfg.seed)
-        try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
-            self.val_bytes = int(token_bytes(meta)[self.val_set.tokens[1:]].sum())
-        except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
-            self.val_bytes = None
-            run.say(f"note: no bits per byte in this run: {e}")
-        self.hellaswag = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # its examples, token rows
-                          if cfg.hellaswag_interval else None)
+def evaluator(cfg, run, data_dir, meta, vocab_size):
+    """evaluate(model, iter_num, tokens): what is evaluated at every eval_interval, printed and
+    logged: the val loss over the fixed val set (the same tokens on every machine, for every seed,
+    batch size and process count: dataloader.ValSet), in nats per token and in bits per byte (which
+    compares tokenizers); the train loss over the same eval_iters sampled batches every time;
+    HellaSwag's acc_norm when due; every head's (γ, δ)."""
+    val_set = ValSet(data_dir, cfg.block_size, cfg.val_tokens, run.rank, run.world_size, vocab_size)
+    train_batches = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
+                                run.world_size, vocab_size, cfg.seed)
+    try:  # bits per byte: the val loss in bits over the UTF-8 bytes of the text val predicts
+        val_bytes = int(token_bytes(meta)[val_set.tokens[1:]].sum())
+    except DataError as e:  # GPT-2's vocabulary is not downloaded, and this machine is offline
+        val_bytes = None
+        run.say(f"note: no bits per byte in this run: {e}")
+    examples = (hellaswag.render_all(meta, cfg.dataset, cfg.block_size)  # HellaSwag's, token rows
+                if cfg.hellaswag_interval else None)
 
     @torch.no_grad()
-    def losses(self, model):
-        cfg, run = self.cfg, self.run
+    def losses(model):
         model.eval()
         val_sum = 0.0
-        for x, y in self.val_set.batches(cfg.batch_size):
+        for x, y in val_set.batches(cfg.batch_size):
             with run.ctx:
                 _, loss = model(x.to(run.dev), y.to(run.dev))
             val_sum += loss.item() * y.numel()  # (loss: the batch's mean)
         train_sum = torch.zeros((), device=run.dev)
-        self.train_batches.reset()  # the same batches at every evaluation
+        train_batches.reset()  # the same batches at every evaluation
         for _ in range(cfg.eval_iters):
             with run.ctx:
-                _, loss = model(*self.train_batches.next_batch(run.dev))
+                _, loss = model(*train_batches.next_batch(run.dev))
             train_sum += loss.float()
         model.train()
         sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64,
@@ -173,27 +166,29 @@ class Evaluation:
         if run.ddp:
             torch.distributed.all_reduce(sums)
         val_total, train_total = sums.tolist()
-        return val_total / self.val_set.count, train_total / (cfg.eval_iters * run.world_size)
+        return val_total / val_set.count, train_total / (cfg.eval_iters * run.world_size)
 
-    def __call__(self, model, iter_num, tokens):
+    def evaluate(model, iter_num, tokens):
         """Evaluate, print and log; returns the val loss (NaN or inf: the loop stops the run)."""
-        cfg, run = self.cfg, self.run
-        val_loss, train_loss = self.losses(model)
+        val_loss, train_loss = losses(model)
         record = {"event": "eval", "iter": iter_num, "tokens": tokens, "train_loss": train_loss,
-                  "val_loss": val_loss, "val_tokens": self.val_set.count}
+                  "val_loss": val_loss, "val_tokens": val_set.count}
         line = f"step {iter_num}: train loss {train_loss:.4f}, val loss {val_loss:.4f}"
-        if self.val_bytes:  # nats per token -> bits per byte
-            record["val_bpb"] = val_loss / math.log(2) * self.val_set.count / self.val_bytes
+        if val_bytes:  # nats per token -> bits per byte
+            record["val_bpb"] = val_loss / math.log(2) * val_set.count / val_bytes
             line += f" ({record['val_bpb']:.4f} bits/byte)"
-        due = cfg.eval_only or iter_num == cfg.max_iters
-        if self.hellaswag is not None and (due or iter_num % cfg.hellaswag_interval == 0):
-            record["hellaswag"] = hellaswag.score(model, self.hellaswag, cfg.batch_size, run.dev, run.rank,
+        # HellaSwag when due, and at the end
+        if examples and (cfg.eval_only or iter_num == cfg.max_iters
+                         or iter_num % cfg.hellaswag_interval == 0):
+            record["hellaswag"] = hellaswag.score(model, examples, cfg.batch_size, run.dev, run.rank,
                                                   run.world_size, run.ctx)
-            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(self.hellaswag):,} examples)"
+            line += f", hellaswag acc_norm {record['hellaswag']:.4f} ({len(examples):,} examples)"
         gamma, delta = model.gamma_delta()
         run.say(f"{line} | {corridor_summary(gamma, delta)}")
         run.log({**record, "gamma": gamma.tolist(), "delta": delta.tolist()})
         return val_loss
+
+    return evaluate
 
 
 def log_train(run, **record):
@@ -241,11 +236,10 @@ def finish(run, model, out_dir, iter_num, best_val_loss):
 
 def train(cfg, ckpt, changed):
     # --- set-up: cfg's model (ckpt: the checkpoint it continues), this process, data, optimizer, out_dir
-    model_args = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                      block_size=cfg.block_size, bias=cfg.bias, dropout=cfg.dropout, op=cfg.op,
-                      impl=cfg.impl, gelu=cfg.gelu,
-                      controls={k: getattr(cfg, k) for k in OPS[cfg.op].controls})  # operators.py
-    check_config(model_args)  # GPTConfig's checks, before any file or device is touched
+    model_args = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
+                                                "dropout", "op", "impl", "gelu")}
+    model_args["controls"] = {k: getattr(cfg, k) for k in OPS[cfg.op].controls}  # operators.py
+    GPTConfig(**model_args)  # its checks (the data's vocab_size yet unknown), before any file or device
     run = start_process(cfg)  # this process: rank, device, dtype, autocast; DDP; the seed
     data_dir = run.master_first(ensure_prepared, cfg.dataset)  # prepared once, the others waiting
     meta = load_meta(data_dir)
@@ -258,7 +252,7 @@ def train(cfg, ckpt, changed):
         run.say(kernel_check.check_kernel(run.dev, run.dtype, cfg.n_embd // cfg.n_head))
     train_loader = ShardLoader(data_dir, "train", cfg.batch_size, cfg.block_size, run.rank,
                                run.world_size, model.config.vocab_size, cfg.seed)
-    evaluate = Evaluation(cfg, run, data_dir, meta, model.config.vocab_size)
+    evaluate = evaluator(cfg, run, data_dir, meta, model.config.vocab_size)  # (model, iter, tokens)
     iter_num, tokens, best_val_loss = rundir.restore(ckpt, optimizer, train_loader)  # the counters
     rundir.start_run_dir(run, cfg, iter_num if ckpt is not None else None, changed)  # lock, log
     first_iter = iter_num  # a resumed run was evaluated there before it stopped
@@ -281,7 +275,7 @@ def train(cfg, ckpt, changed):
                 checkpoint = {
                     "model": raw_model.state_dict(),
                     "optimizer": optimizer.state_dict(),
-                    "model_args": asdict(raw_model.config),  # what GPT.from_checkpoint builds
+                    "model_args": vars(raw_model.config),  # what GPT.from_checkpoint builds
                     "iter_num": iter_num, "tokens": tokens, "best_val_loss": best_val_loss,
                     "config": vars(cfg),  # every setting, as config.json shows them
                     "loader": train_loader.state_dict(),  # where the data order goes on
@@ -327,11 +321,11 @@ def train(cfg, ckpt, changed):
     return raw_model
 
 
-def main(argv=None):
+def main(argv):
     args = None
     try:
         require_torch(torch.__version__)  # the oldest torch measured; older ones get this one line
-        args, given = parse_config(sys.argv[1:] if argv is None else argv)
+        args, given = parse_config(argv)
         return train(*settings.work_out(args, given, DEFAULTS))  # (cfg, ckpt, changed)
     except (ValueError, ImportError, FloatingPointError, OSError) as e:  # ours, kernel.py's, I/O
         sys.exit(exit_status(e))
@@ -344,4 +338,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

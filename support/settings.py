@@ -99,6 +99,12 @@ def work_out(args, given, defaults):
     return cfg, ckpt, changed
 
 
+def help_from(script):
+    """--help's sources of each setting's comment: the script's module, then every op's controls
+    (configurator.print_help)."""
+    return [("", script)] + [(f"(op={name}) ", Op) for name, Op in OPS.items()]
+
+
 def means(fixed, k, value):
     """A model setting as the model reads it: laplacian_heads=None is half the heads
     (operators.py)."""
