@@ -154,14 +154,14 @@ def evaluator(cfg, run, data_dir, meta, vocab_size):
             with run.ctx:
                 _, loss = model(x.to(run.dev), y.to(run.dev))
             val_sum += loss.item() * y.numel()  # (loss: the batch's mean)
-        train_sum = torch.zeros((), device=run.dev)
+        train_sum = 0.0
         train_batches.reset()  # the same batches at every evaluation
         for _ in range(cfg.eval_iters):
             with run.ctx:
                 _, loss = model(*train_batches.next_batch(run.dev))
-            train_sum += loss.float()
+            train_sum += loss.item()
         model.train()
-        sums = torch.tensor([val_sum, train_sum.item()], dtype=torch.float64,
+        sums = torch.tensor([val_sum, train_sum], dtype=torch.float64,
                             device=run.dev if run.ddp else "cpu")
         if run.ddp:
             torch.distributed.all_reduce(sums)
@@ -216,22 +216,6 @@ def say_what_runs(run, cfg, changed, model, tokens_per_iter, data_dir, meta):
                 ", ".join(f"{k}={getattr(cfg, k)!r} (was {was!r})" for k, was in changed.items()))
     run.say(f"device {run.dev}, dtype {run.dtype}, {run.world_size} process(es), {tokens_per_iter:,} tokens "
             f"per iteration, {model.get_num_params() / 1e6:.2f}M parameters, op={cfg.op}")
-
-
-def finish(run, model, out_dir, iter_num, best_val_loss):
-    """The end of a run: every head's final γ and δ, and how many sit in the corridor; the log's
-    last record, and out_dir unlocked, by the process that writes them; then each DDP process waits
-    for all."""
-    gamma, delta = model.gamma_delta()
-    torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
-    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
-            + corridor_summary(gamma, delta))
-    if run.writes:
-        run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
-        rundir.unlock_run_dir(out_dir)
-    # every rank gets here before main leaves the group: gloo aborts a process whose peers left
-    if run.ddp:
-        torch.distributed.barrier()
 
 
 def train(cfg, ckpt, changed):
@@ -317,7 +301,16 @@ def train(cfg, ckpt, changed):
                       mfu=raw_model.estimate_mfu(grad_accum * cfg.batch_size, dt, peak))
             t0, timed_from = time.time(), iter_num
 
-    finish(run, raw_model, cfg.out_dir, iter_num, best_val_loss)  # final γ and δ; the log's end
+    # --- the end: every head's final γ and δ, and how many sit in the corridor; the log's last record
+    gamma, delta = raw_model.gamma_delta()
+    torch.set_printoptions(precision=2, sci_mode=False, linewidth=140)
+    run.say(f"final per-head γ (rows: layers, columns: heads):\n{gamma}\nfinal per-head δ:\n{delta}\n"
+            + corridor_summary(gamma, delta))
+    if run.writes:
+        run.log({"event": "done", "iter": iter_num, "best_val_loss": best_val_loss})
+    # every rank gets here before main leaves the group: gloo aborts a process whose peers left
+    if run.ddp:
+        torch.distributed.barrier()
     return raw_model
 
 

@@ -17,7 +17,7 @@ import tiktoken
 
 import prepare_data as pd
 import train
-from support import settings
+from support import rundir, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where train.py and the scripts are
 # a model small enough that a few iterations take about a second on one CPU core
@@ -41,7 +41,10 @@ def run(*args):
 
 def run_argv(argv):
     """train.py's main() without its exit: errors are raised, as they come."""
-    return train.train(*settings.work_out(*train.parse_config(argv), train.DEFAULTS))
+    try:
+        return train.train(*settings.work_out(*train.parse_config(argv), train.DEFAULTS))
+    finally:
+        rundir.unlock_run_dirs()  # as main does, however the run ended
 
 
 def read_log(out_dir, event=None):
