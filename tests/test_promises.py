@@ -60,3 +60,18 @@ def test_laplacian_heads_default_to_half_rounded_down_at_the_end(n_head, n_lapla
     gamma, delta = model.gamma_delta()
     expected = [0.0] * (n_head - n_laplacian) + [-1.0] * n_laplacian
     assert gamma[0].tolist() == expected and delta[0].tolist() == [1.0 + 2 * g for g in expected]
+
+
+# --- what a training step logs ------------------------------------------------------------------------------
+
+
+def test_mfu_counts_every_micro_step_by_the_palm_formula(workdir, monkeypatch):
+    """model.py: MFU = (6N + 12·L·H·Q·T) FLOPs a token × T tokens a sequence × the sequences of an
+    iteration (batch_size × gradient_accumulation_steps) / its seconds / the GPU's peak. A CPU has no
+    peak, so the run is told one. Planted bugs it catches: one micro-step's sequences, 6 for 12."""
+    monkeypatch.setattr("train.peak_flops", lambda device: 1e12)  # as a GPU of 1 TFLOP/s would be
+    model = run("--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2", "--out_dir=out/mfu")
+    N, (L, H, C, T) = model.get_num_params(), (2, 2, 32, 32)  # TINY's sizes
+    flops_per_iter = (6 * N + 12 * L * H * (C // H) * T) * T * 2 * 4  # 2 micro-steps of 4 sequences
+    for r in read_log("out/mfu", "train"):
+        assert r["mfu"] == pytest.approx(flops_per_iter / (r["ms_per_iter"] / 1000) / 1e12, rel=1e-9)
