@@ -6,15 +6,20 @@ docstring).
 
     python -m pytest -q tests/test_promises.py
 """
+import json
 import math
+import os
+import socket
 
 import numpy as np
 import pytest
 import torch
 
+import train
 from model import GPT, GPTConfig
+from support import hardware
 from support.dataloader import read_shard
-from helpers import char_dataset, read_log, run, workdir  # noqa: F401  (workdir is a fixture)
+from helpers import TINY, char_dataset, read_log, run, workdir, write_shard  # noqa: F401  (workdir: a fixture)
 
 
 def float64_loss(model, tokens):
@@ -75,3 +80,90 @@ def test_mfu_counts_every_micro_step_by_the_palm_formula(workdir, monkeypatch):
     flops_per_iter = (6 * N + 12 * L * H * (C // H) * T) * T * 2 * 4  # 2 micro-steps of 4 sequences
     for r in read_log("out/mfu", "train"):
         assert r["mfu"] == pytest.approx(flops_per_iter / (r["ms_per_iter"] / 1000) / 1e12, rel=1e-9)
+
+
+# --- one process of a DDP run -------------------------------------------------------------------------------
+
+
+def one_token_dataset():
+    """data/same: every window of it is the same batch, so every rank of a DDP run reads what the
+    others read, and the sum of a statistic over 2 ranks is twice one rank's."""
+    os.makedirs("data/same")
+    for split, n in (("val", 0), ("train", 1)):
+        write_shard(f"data/same/same_{split}_00000{n}.bin", np.full(2000, 7))
+    json.dump({"name": "same", "tokenizer": "byte", "vocab_size": 256}, open("data/same/meta.json", "w"))
+
+
+@pytest.fixture
+def rank_of_two(monkeypatch):
+    """as_rank(r): train.main then runs as torchrun's rank r of 2 processes, alone: the group it joins
+    is a gloo group of one, whose all_reduce adds the other rank's (equal, on data/same) share."""
+    def as_rank(rank):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        torchrun_sets = dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        for k, v in torchrun_sets.items():
+            monkeypatch.setenv(k, str(v))
+        monkeypatch.setattr(hardware, "join_group",
+                            lambda run: torch.distributed.init_process_group("gloo", rank=0, world_size=1))
+        reduce = torch.distributed.all_reduce
+        monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, *a, **k: reduce(t.mul_(2), *a, **k))
+    yield as_rank
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def training_losses(monkeypatch):
+    """The loss of every training forward (micro-steps and the warm-up), in order."""
+    losses, forward = [], GPT.forward
+
+    def recording_forward(self, idx, targets=None, cache=None):
+        logits, loss = forward(self, idx, targets, cache)
+        if self.training and loss is not None:
+            losses.append(loss.item())
+        return logits, loss
+    monkeypatch.setattr(GPT, "forward", recording_forward)
+    return losses
+
+
+def test_a_rank_of_two_takes_half_the_micro_steps_and_logs_the_worlds_tokens_and_losses(
+        workdir, rank_of_two, training_losses):
+    """README: gradient_accumulation_steps is shared by the DDP processes, each taking its share of
+    the micro-steps; the tokens per iteration count every process's, and the logged losses are the
+    world's means. Rank 0 of 2 on data/same logs what one process logs. Planted bugs it catches: each
+    rank taking every micro-step, tokens of one rank, the train-loss estimate summed over ranks but
+    not divided by their number."""
+    one_token_dataset()
+    args = TINY + ["--dataset=same", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2",
+                   "--gradient_accumulation_steps=4", "--val_tokens=1920"]  # 60 whole windows, 30 a rank
+    train.main(args + ["--out_dir=out/one"])
+    assert len(training_losses) == 1 + 2 * 4  # the warm-up, then 4 micro-steps an iteration
+    training_losses.clear()
+    rank_of_two(0)
+    train.main(args + ["--out_dir=out/rank0"])
+    assert len(training_losses) == 1 + 2 * 2  # 2 of the 4 micro-steps: the other rank takes 2
+    for key, event in (("tokens", "train"), ("loss", "train"), ("tokens", "eval"), ("val_loss", "eval"),
+                       ("train_loss", "eval")):
+        one, rank0 = ([r[key] for r in read_log(out, event)] for out in ("out/one", "out/rank0"))
+        assert rank0 == pytest.approx(one, rel=1e-6), key
+    assert read_log("out/rank0", "train")[-1]["tokens"] == 2 * 4 * 4 * 32  # iters × micro-steps × B × T
+
+
+def test_each_rank_draws_its_own_dropout_masks(workdir, rank_of_two, training_losses):
+    """train.py: dropout's seed depends on (seed, iteration, rank): on the same batch, at learning
+    rate 0, ranks 0 and 1 of a run lose differently at every step (the same masks on every rank
+    would waste dropout's noise). Planted bug it catches: the rank left out of the seed."""
+    one_token_dataset()
+    args = TINY + ["--dataset=same", "--dropout=0.2", "--learning_rate=0", "--min_lr=0", "--max_iters=3",
+                   "--eval_interval=3", "--gradient_accumulation_steps=2", "--val_tokens=64"]
+    steps = {}
+    for rank in (0, 1):
+        rank_of_two(rank)
+        train.main(args + [f"--out_dir=out/rank{rank}"])
+        steps[rank] = training_losses[1:]  # after the warm-up, which every rank does alike
+        training_losses.clear()
+        torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+    assert len(steps[0]) == len(steps[1]) == 3
+    assert all(a != b for a, b in zip(steps[0], steps[1])), steps
