@@ -40,7 +40,7 @@ def test_val_loss_is_nats_per_token_and_bpb_divides_by_the_utf8_bytes(workdir):
     counted, one val token too few."""
     chars = "ab\né✓"
     char_dataset("multi", chars)
-    run("--dataset=multi", "--max_iters=2", "--eval_interval=2", "--val_tokens=1000", "--out_dir=out/m")
+    run("--dataset=multi", "--max_iters=1", "--eval_interval=1", "--val_tokens=1000", "--out_dir=out/m")
     record = read_log("out/m", "eval")[-1]
     model = GPT.from_checkpoint(torch.load("out/m/ckpt.pt", weights_only=True)).double().eval()
     val = read_shard("data/multi/multi_val_000000.bin")[:1001].astype(np.int64)  # token 0 is only read
@@ -75,7 +75,9 @@ def test_mfu_counts_every_micro_step_by_the_palm_formula(workdir, monkeypatch):
     iteration (batch_size × gradient_accumulation_steps) / its seconds / the GPU's peak. A CPU has no
     peak, so the run is told one. Planted bugs it catches: one micro-step's sequences, 6 for 12."""
     monkeypatch.setattr("train.peak_flops", lambda device: 1e12)  # as a GPU of 1 TFLOP/s would be
-    model = run("--max_iters=3", "--eval_interval=3", "--gradient_accumulation_steps=2", "--out_dir=out/mfu")
+    char_dataset("abc", "abc")
+    model = run("--dataset=abc", "--max_iters=2", "--eval_interval=2", "--gradient_accumulation_steps=2",
+                "--out_dir=out/mfu")
     N, (L, H, C, T) = model.get_num_params(), (2, 2, 32, 32)  # TINY's sizes
     flops_per_iter = (6 * N + 12 * L * H * (C // H) * T) * T * 2 * 4  # 2 micro-steps of 4 sequences
     for r in read_log("out/mfu", "train"):
@@ -136,19 +138,19 @@ def test_a_rank_of_two_takes_half_the_micro_steps_and_logs_the_worlds_tokens_and
     rank taking every micro-step, tokens of one rank, the train-loss estimate summed over ranks but
     not divided by their number."""
     one_token_dataset()
-    args = TINY + ["--dataset=same", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2",
-                   "--gradient_accumulation_steps=4", "--val_tokens=1920"]  # 60 whole windows, 30 a rank
+    args = TINY + ["--dataset=same", "--learning_rate=0", "--min_lr=0", "--max_iters=1", "--eval_interval=1",
+                   "--gradient_accumulation_steps=4", "--val_tokens=640"]  # 20 whole windows, 10 a rank
     train.main(args + ["--out_dir=out/one"])
-    assert len(training_losses) == 1 + 2 * 4  # the warm-up, then 4 micro-steps an iteration
+    assert len(training_losses) == 1 + 4  # the warm-up, then 4 micro-steps an iteration
     training_losses.clear()
     rank_of_two(0)
     train.main(args + ["--out_dir=out/rank0"])
-    assert len(training_losses) == 1 + 2 * 2  # 2 of the 4 micro-steps: the other rank takes 2
+    assert len(training_losses) == 1 + 2  # 2 of the 4 micro-steps: the other rank takes 2
     for key, event in (("tokens", "train"), ("loss", "train"), ("tokens", "eval"), ("val_loss", "eval"),
                        ("train_loss", "eval")):
         one, rank0 = ([r[key] for r in read_log(out, event)] for out in ("out/one", "out/rank0"))
         assert rank0 == pytest.approx(one, rel=1e-6), key
-    assert read_log("out/rank0", "train")[-1]["tokens"] == 2 * 4 * 4 * 32  # iters × micro-steps × B × T
+    assert read_log("out/rank0", "train")[-1]["tokens"] == 4 * 4 * 32  # micro-steps × B × T
 
 
 def test_each_rank_draws_its_own_dropout_masks(workdir, rank_of_two, training_losses):
@@ -156,8 +158,8 @@ def test_each_rank_draws_its_own_dropout_masks(workdir, rank_of_two, training_lo
     rate 0, ranks 0 and 1 of a run lose differently at every step (the same masks on every rank
     would waste dropout's noise). Planted bug it catches: the rank left out of the seed."""
     one_token_dataset()
-    args = TINY + ["--dataset=same", "--dropout=0.2", "--learning_rate=0", "--min_lr=0", "--max_iters=3",
-                   "--eval_interval=3", "--gradient_accumulation_steps=2", "--val_tokens=64"]
+    args = TINY + ["--dataset=same", "--dropout=0.2", "--learning_rate=0", "--min_lr=0", "--max_iters=2",
+                   "--eval_interval=2", "--gradient_accumulation_steps=2", "--val_tokens=64"]
     steps = {}
     for rank in (0, 1):
         rank_of_two(rank)
@@ -165,5 +167,5 @@ def test_each_rank_draws_its_own_dropout_masks(workdir, rank_of_two, training_lo
         steps[rank] = training_losses[1:]  # after the warm-up, which every rank does alike
         training_losses.clear()
         torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
-    assert len(steps[0]) == len(steps[1]) == 3
+    assert len(steps[0]) == len(steps[1]) == 2
     assert all(a != b for a, b in zip(steps[0], steps[1])), steps
