@@ -169,3 +169,21 @@ def test_each_rank_draws_its_own_dropout_masks(workdir, rank_of_two, training_lo
         torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
     assert len(steps[0]) == len(steps[1]) == 2
     assert all(a != b for a, b in zip(steps[0], steps[1])), steps
+
+
+# --- the run directory --------------------------------------------------------------------------------------
+
+
+def test_save_every_keeps_the_checkpoints_of_its_iterations_only(workdir):
+    """train.py: save_every keeps ckpt_NNNNNN.pt at every save_every-th iteration (evaluated there),
+    beside ckpt.pt; the last of them holds what ckpt.pt holds. Planted bug it catches: the copies
+    kept at the other evaluations. (The slow suite also resumes from such a run.)"""
+    char_dataset("abc", "abc")
+    run("--dataset=abc", "--max_iters=4", "--eval_interval=1", "--save_every=2", "--out_dir=out/s")
+    assert sorted(f for f in os.listdir("out/s") if f.startswith("ckpt_")) == ["ckpt_000002.pt",
+                                                                                "ckpt_000004.pt"]
+    two, four, last = (torch.load(f"out/s/{f}", weights_only=True)
+                       for f in ("ckpt_000002.pt", "ckpt_000004.pt", "ckpt.pt"))
+    assert (two["iter_num"], four["iter_num"], last["iter_num"]) == (2, 4, 4)
+    assert all(torch.equal(four["model"][k], last["model"][k]) for k in last["model"])
+    assert not all(torch.equal(two["model"][k], last["model"][k]) for k in last["model"])  # it trained on
