@@ -29,6 +29,16 @@ def float64_loss(model, tokens):
     return torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
 
 
+def one_token_dataset():
+    """data/same: one token repeated, so every window is the same batch: at learning rate 0 every
+    step has the same loss and gradient, and every rank of a DDP run reads what the others read
+    (the sum of a statistic over 2 ranks is twice one rank's)."""
+    os.makedirs("data/same")
+    for split, n in (("val", 0), ("train", 1)):
+        write_shard(f"data/same/same_{split}_00000{n}.bin", np.full(2000, 7))
+    json.dump({"name": "same", "tokenizer": "byte", "vocab_size": 256}, open("data/same/meta.json", "w"))
+
+
 # --- the val loss and bits per byte -------------------------------------------------------------------------
 
 
@@ -84,16 +94,23 @@ def test_mfu_counts_every_micro_step_by_the_palm_formula(workdir, monkeypatch):
         assert r["mfu"] == pytest.approx(flops_per_iter / (r["ms_per_iter"] / 1000) / 1e12, rel=1e-9)
 
 
+
+def test_the_logged_gradient_norm_is_the_norm_before_clipping(workdir):
+    """README/train.py: the log's grad_norm is the gradient's norm before clipping (its spikes warn
+    of instability). At learning rate 0 on data/same every step has the same gradient, recomputed
+    here in float64; clipping to 1e-6 must not show. Planted bug it catches: the clipped norm logged.
+    (Only the slow suite checked it.)"""
+    one_token_dataset()
+    run("--dataset=same", "--learning_rate=0", "--min_lr=0", "--max_iters=2", "--eval_interval=2",
+        "--grad_clip=1e-6", "--val_tokens=64", "--out_dir=out/g")
+    model = GPT.from_checkpoint(torch.load("out/g/ckpt.pt", weights_only=True)).double()
+    x = torch.full((4, 32), 7)  # TINY's batch: 4 windows of 32 tokens, all 7
+    model(x, x)[1].backward()
+    norm = math.sqrt(sum(p.grad.pow(2).sum().item() for p in model.parameters() if p.grad is not None))
+    assert [r["grad_norm"] for r in read_log("out/g", "train")] == pytest.approx([norm] * 2, rel=1e-4)
+
+
 # --- one process of a DDP run -------------------------------------------------------------------------------
-
-
-def one_token_dataset():
-    """data/same: every window of it is the same batch, so every rank of a DDP run reads what the
-    others read, and the sum of a statistic over 2 ranks is twice one rank's."""
-    os.makedirs("data/same")
-    for split, n in (("val", 0), ("train", 1)):
-        write_shard(f"data/same/same_{split}_00000{n}.bin", np.full(2000, 7))
-    json.dump({"name": "same", "tokenizer": "byte", "vocab_size": 256}, open("data/same/meta.json", "w"))
 
 
 @pytest.fixture
