@@ -19,7 +19,8 @@ import train
 from model import GPT, GPTConfig
 from support import hardware
 from support.dataloader import read_shard
-from helpers import TINY, char_dataset, read_log, run, workdir, write_shard  # noqa: F401  (workdir: a fixture)
+from helpers import (TINY, char_dataset, read_log, run, workdir,  # noqa: F401 (workdir: a fixture)
+                     write_shard)
 
 
 def float64_loss(model, tokens):
@@ -121,7 +122,8 @@ def rank_of_two(monkeypatch):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = str(s.getsockname()[1])
-        torchrun_sets = dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        torchrun_sets = dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=port)
         for k, v in torchrun_sets.items():
             monkeypatch.setenv(k, str(v))
         monkeypatch.setattr(hardware, "join_group",
