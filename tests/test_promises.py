@@ -78,6 +78,19 @@ def test_laplacian_heads_default_to_half_rounded_down_at_the_end(n_head, n_lapla
     assert gamma[0].tolist() == expected and delta[0].tolist() == [1.0 + 2 * g for g in expected]
 
 
+
+def test_gamma_min_projects_gamma_onto_the_bound_it_names():
+    """operators.py: after every step γ is projected to ≥ gamma_min, whatever gamma_min is (the
+    paper's control is 0; -0.3 keeps a head inside the corridor's upper part). Planted bug it
+    catches: a clamp to 0 whatever gamma_min says."""
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=3, n_embd=12, op="mix",
+                          controls=dict(gamma_init=-0.1, gamma_min=-0.3)))
+    with torch.no_grad():  # where an optimizer step might leave the heads
+        model.head_operators()[0].gamma.copy_(torch.tensor([-0.9, -0.1, 0.4]))
+    model.project()
+    assert model.gamma_delta()[0][0].tolist() == pytest.approx([-0.3, -0.1, 0.4])
+
+
 # --- what a training step logs ------------------------------------------------------------------------------
 
 
