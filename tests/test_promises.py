@@ -91,6 +91,28 @@ def test_gamma_min_projects_gamma_onto_the_bound_it_names():
     assert model.gamma_delta()[0][0].tolist() == pytest.approx([-0.3, -0.1, 0.4])
 
 
+
+@pytest.mark.parametrize("frozen", ["gamma", "delta"])
+def test_each_learn_flag_freezes_its_own_scalar_only(frozen):
+    """README: learn_gamma=False / learn_delta=False freeze that scalar at its init while the other
+    learns (the paper's controls, one at a time). Planted bug it catches: learn_delta deciding
+    whether γ learns."""
+    torch.manual_seed(0)
+    controls = dict(gamma_init=-0.5, delta_init=1.5, learn_gamma=frozen != "gamma",
+                    learn_delta=frozen != "delta")
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, op="mix",
+                          controls=controls))
+    optimizer = model.configure_optimizers(0.0, 0.05, (0.9, 0.95))
+    x = torch.randint(0, 16, (4, 8))
+    for _ in range(2):
+        model(x, x)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    gamma, delta = model.gamma_delta()
+    moved = {"gamma": not gamma.eq(-0.5).all(), "delta": not delta.eq(1.5).all()}
+    assert moved == {"gamma": frozen != "gamma", "delta": frozen != "delta"}
+
+
 # --- what a training step logs ------------------------------------------------------------------------------
 
 
