@@ -20,7 +20,6 @@ import os
 import re
 import stat
 import sys
-import tokenize
 from ast import literal_eval
 from types import SimpleNamespace
 
@@ -225,16 +224,11 @@ def comments(source):
         except (OSError, TypeError):
             # defined where no source file is (an operator made in a notebook, say)
             continue
-        line = []
-        for tok in tokenize.generate_tokens(iter(lines).__next__):
-            if tok.type in (tokenize.NEWLINE, tokenize.NL):
-                line = []
-            elif tok.type == tokenize.COMMENT:
-                if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
-                    # the first: the default
-                    found.setdefault(line[0].string, tok.string.lstrip("#").strip())
-            elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
-                line.append(tok)
+        for line in lines:
+            # name = or name:, then code (a "#" in a quoted default is text), then its comment
+            m = re.match(r"""\s*(\w+)\s*[=:](?:[^#'"]|'[^']*'|"[^"]*")*#(.*)""", line)
+            if m:
+                found.setdefault(m[1], m[2].strip())
     return found
 
 
