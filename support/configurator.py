@@ -11,7 +11,6 @@ default and the comment beside it. It opens with open_regular, the one way every
 it parses or writes (config files too).
 """
 import difflib
-import errno
 import inspect
 import io
 import math
@@ -78,11 +77,8 @@ def open_regular(path, mode="rb", encoding=None):
     a fresh name: anything there is refused); encoding: a text file."""
     try:
         fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
-    except OSError as e:
-        # a link, a folder
-        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
-        if e.errno in refused and os.path.lexists(path):
-            raise not_regular(path) from None
+    except OSError:  # a link (ELOOP), a folder to write, ...: named for what it is
+        refuse_unless_regular(path)
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
