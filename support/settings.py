@@ -121,10 +121,10 @@ def check_gpt2_tokens(init_from, dataset, meta):
 def check_same_data(ckpt, meta, dataset):
     """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
     if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
-        trained_on = ckpt["config"].get("dataset")
+        trained_on = ckpt["config"]["dataset"]
         fix = f"use --dataset={trained_on}"
         # the same name, prepared again since (with another vocabulary)
-        if trained_on in (None, dataset):
+        if trained_on == dataset:
             fix = ("prepare it again as it was when the run began, or start a new run in another "
                    "--out_dir")
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "
