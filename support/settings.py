@@ -71,17 +71,20 @@ def work_out(args, given, defaults):
         # a shorter context: its wpe cut
         fixed["block_size"] = min(args.block_size, fixed["block_size"])
     for k in sorted(given & {*fixed, *all_controls()}):
-        if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
+        if k in fixed:
+            meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
+            if means(fixed, k, getattr(args, k)) != meant:
+                also = ""
+                if meant != fixed[k]:
+                    also = f", which means {meant!r} on its {fixed['n_head']} heads"
+                whose = "checkpoint" if ckpt else "pretrained model"
+                raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {whose}'s "
+                                  f"{fixed[k]!r}{also}; its model is fixed, drop that setting")
+        elif ckpt is not None:
+            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed['op']!r}; drop it")
+        elif k not in OPS[args.op].controls:
             raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
                               f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
-        if k not in fixed and ckpt is not None:
-            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed['op']!r}; drop it")
-        if k in fixed and means(fixed, k, getattr(args, k)) != means(fixed, k, fixed[k]):
-            meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
-            also = f", which means {meant!r} on its {fixed['n_head']} heads" if meant != fixed[k] else ""
-            whose = "checkpoint" if ckpt else "pretrained model"
-            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {whose}'s {fixed[k]!r}{also}; "
-                              "its model is fixed, drop that setting")
     cfg = SimpleNamespace(**{**vars(args), **kept})
     # settings that only make sense together, with the number of DDP processes too
     world_size = ddp_env()[2]
