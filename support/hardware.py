@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from support.configurator import ConfigError, why
+from support.configurator import ConfigError, requires, why
 
 
 def ddp_env():
@@ -29,10 +29,8 @@ def exit_status(e):
     return f"error: {e}" if rank == "0" else f"error: rank {rank}: {e}"
 
 
-def device_rule(key, value):
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-        raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
-    return value
+device_rule = requires(lambda value: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value),
+                       "use auto, cpu, mps, cuda or cuda:N")
 
 
 def pick_device(dev, local_rank=None):
