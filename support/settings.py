@@ -14,8 +14,6 @@ from support.hardware import ddp_env, device_rule
 from support.pretrained import PRETRAINED, gpt2_sizes
 from support.rundir import claim_run_dir, load_checkpoint
 
-RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
-
 
 init_from_rule = requires(lambda v: v in ("scratch", "resume", *PRETRAINED) or os.path.isdir(v),
                           f"use scratch, resume, {', '.join(PRETRAINED)} or a local directory "
@@ -45,8 +43,9 @@ def work_out(args, given, defaults):
             claim_run_dir(args.out_dir, resuming=True)
         ckpt = load_checkpoint(path)
         model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting
+        # the model is fixed, but for its data's vocab_size and what is not part of the weights
         fixed = {k: v for k, v in model.items()
-                 if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
+                 if k not in ("vocab_size", "controls", "dropout", "impl")}
         fixed.update(model.get("controls", {}))  # (another version's may have none)
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
