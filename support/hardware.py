@@ -42,11 +42,11 @@ def pick_device(dev, local_rank=None):
         dev = next(kind for kind, ok in available.items() if ok)
     if dev == "cuda" and local_rank is not None:
         dev = f"cuda:{local_rank}"
-    device_type = dev.split(":")[0]
+    device_type, _, index = dev.partition(":")  # an index: cuda's (device_rule)
     if not available[device_type]:
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such "
                           "device; use --device=cpu")
-    if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
+    if index and int(index) >= torch.cuda.device_count():
         raise ConfigError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): choose "
                           "one of them (under torchrun, start no more processes per node than GPUs)")
     return dev, device_type
