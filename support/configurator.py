@@ -11,7 +11,6 @@ default and the comment beside it. It opens with open_regular, the one way every
 it parses or writes (config files too).
 """
 import difflib
-import errno
 import inspect
 import io
 import math
@@ -20,7 +19,6 @@ import os
 import re
 import stat
 import sys
-import tokenize
 from ast import literal_eval
 from types import SimpleNamespace
 
@@ -79,11 +77,8 @@ def open_regular(path, mode="rb", encoding=None):
     a fresh name: anything there is refused); encoding: a text file."""
     try:
         fd = os.open(path, OPEN_FLAGS[mode] | SAFE_FLAGS, 0o666)
-    except OSError as e:
-        # a link, a folder
-        refused = (errno.ELOOP, errno.EMLINK, errno.EISDIR, errno.ENXIO, errno.EEXIST)
-        if e.errno in refused and os.path.lexists(path):
-            raise not_regular(path) from None
+    except OSError:  # a link (ELOOP), a folder to write, ...: named for what it is
+        refuse_unless_regular(path)
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -225,16 +220,11 @@ def comments(source):
         except (OSError, TypeError):
             # defined where no source file is (an operator made in a notebook, say)
             continue
-        line = []
-        for tok in tokenize.generate_tokens(iter(lines).__next__):
-            if tok.type in (tokenize.NEWLINE, tokenize.NL):
-                line = []
-            elif tok.type == tokenize.COMMENT:
-                if len(line) > 1 and line[0].type == tokenize.NAME and line[1].string in ("=", ":"):
-                    # the first: the default
-                    found.setdefault(line[0].string, tok.string.lstrip("#").strip())
-            elif tok.type not in (tokenize.INDENT, tokenize.DEDENT):
-                line.append(tok)
+        for line in lines:
+            # name = or name:, then code (a "#" in a quoted default is text), then its comment
+            m = re.match(r"""\s*(\w+)\s*[=:](?:[^#'"]|'[^']*'|"[^"]*")*#(.*)""", line)
+            if m:
+                found.setdefault(m[1], m[2].strip())
     return found
 
 

@@ -124,7 +124,7 @@ def get_tokenizer(meta):
     """(encode, decode) for a dataset's meta: encode str -> list[int], decode list[int] -> str.
     Decoding skips ids beyond the vocabulary: models pad vocab_size, and an untrained one may sample
     those."""
-    kind = meta.get("tokenizer")
+    kind = meta["tokenizer"]
     if kind == "char":
         chars = meta["chars"]
         stoi = {c: i for i, c in enumerate(chars)}
@@ -172,10 +172,10 @@ def find_shards(data_dir, split, required=False):
 
 
 def windows(tokens, starts, T):
-    """(x, y), both (B, T) int64: the T tokens from each start, and the T after them (views of one
-    buffer)."""
+    """(x, y), both (B, T) int64: the T tokens from each start, and the T after them."""
     buf = torch.from_numpy(np.stack([tokens[s:s + T + 1] for s in starts]).astype(np.int64))  # (B, T+1)
-    return buf[:, :-1], buf[:, 1:]
+    # compact copies, not views of buf: the layout torch.compile's warm-up saw
+    return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
 
 
 class ShardLoader:
@@ -239,8 +239,7 @@ class ShardLoader:
         at = self.pos + self.rank * self.B  # this rank's batch_size windows of the world's step
         mine = self.starts[at:at + self.B]
         self.pos += self.step
-        # windows are views of one (B, T+1) buffer: compact copies, the layout torch.compile's warm-up saw
-        x, y = (t.contiguous() for t in windows(self.tokens, mine, self.T))
+        x, y = windows(self.tokens, mine, self.T)
         if device.startswith("cuda"):
             x, y = x.pin_memory(), y.pin_memory()
             return x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from support.configurator import ConfigError, why
+from support.configurator import ConfigError, requires, why
 
 
 def ddp_env():
@@ -29,10 +29,8 @@ def exit_status(e):
     return f"error: {e}" if rank == "0" else f"error: rank {rank}: {e}"
 
 
-def device_rule(key, value):
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-        raise ConfigError(f"{key}={value!r} is not allowed: use auto, cpu, mps, cuda or cuda:N")
-    return value
+device_rule = requires(lambda value: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value),
+                       "use auto, cpu, mps, cuda or cuda:N")
 
 
 def pick_device(dev, local_rank=None):
@@ -44,11 +42,11 @@ def pick_device(dev, local_rank=None):
         dev = next(kind for kind, ok in available.items() if ok)
     if dev == "cuda" and local_rank is not None:
         dev = f"cuda:{local_rank}"
-    device_type = dev.split(":")[0]
+    device_type, _, index = dev.partition(":")  # an index: cuda's (device_rule)
     if not available[device_type]:
         raise ConfigError(f"device={dev!r} but this torch has no {device_type.upper()} or sees no such "
                           "device; use --device=cpu")
-    if device_type == "cuda" and ":" in dev and int(dev.split(":")[1]) >= torch.cuda.device_count():
+    if index and int(index) >= torch.cuda.device_count():
         raise ConfigError(f"device={dev!r} but this machine has {torch.cuda.device_count()} GPU(s): choose "
                           "one of them (under torchrun, start no more processes per node than GPUs)")
     return dev, device_type

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import stat
 import subprocess
 
 import filelock
@@ -213,7 +212,7 @@ CHECKPOINT = (
 
 
 def load_checkpoint(path):
-    if not os.path.lexists(path) or stat.S_ISDIR(os.lstat(path).st_mode):
+    if not os.path.lexists(path):  # (a folder there is open_regular's one line)
         raise ConfigError(f"no checkpoint at {path}; train a run there first (--init_from=scratch) "
                           "or point --out_dir at an existing run")
     with open_regular(path) as f:

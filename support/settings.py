@@ -14,8 +14,6 @@ from support.hardware import ddp_env, device_rule
 from support.pretrained import PRETRAINED, gpt2_sizes
 from support.rundir import claim_run_dir, load_checkpoint
 
-RESUME_MAY_CHANGE = ("dropout", "impl")  # model settings that are not part of the weights
-
 
 init_from_rule = requires(lambda v: v in ("scratch", "resume", *PRETRAINED) or os.path.isdir(v),
                           f"use scratch, resume, {', '.join(PRETRAINED)} or a local directory "
@@ -45,8 +43,9 @@ def work_out(args, given, defaults):
             claim_run_dir(args.out_dir, resuming=True)
         ckpt = load_checkpoint(path)
         model = ckpt["model_args"]  # as cfg holds them: each of its op's controls a setting
+        # the model is fixed, but for its data's vocab_size and what is not part of the weights
         fixed = {k: v for k, v in model.items()
-                 if k not in ("vocab_size", "controls", *RESUME_MAY_CHANGE)}
+                 if k not in ("vocab_size", "controls", "dropout", "impl")}
         fixed.update(model.get("controls", {}))  # (another version's may have none)
         saved = {k: v for k, v in ckpt["config"].items()
                  if k in vars(args) and k not in ("out_dir", "eval_only")}
@@ -71,17 +70,20 @@ def work_out(args, given, defaults):
         # a shorter context: its wpe cut
         fixed["block_size"] = min(args.block_size, fixed["block_size"])
     for k in sorted(given & {*fixed, *all_controls()}):
-        if ckpt is None and k not in {*fixed, *OPS[args.op].controls}:
+        if k in fixed:
+            meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
+            if means(fixed, k, getattr(args, k)) != meant:
+                also = ""
+                if meant != fixed[k]:
+                    also = f", which means {meant!r} on its {fixed['n_head']} heads"
+                whose = "checkpoint" if ckpt else "pretrained model"
+                raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {whose}'s "
+                                  f"{fixed[k]!r}{also}; its model is fixed, drop that setting")
+        elif ckpt is not None:
+            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed['op']!r}; drop it")
+        elif k not in OPS[args.op].controls:
             raise ConfigError(f"{k} is not a control of op={args.op!r} (its controls: "
                               f"{', '.join(OPS[args.op].controls) or 'none'}); drop it or change op")
-        if k not in fixed and ckpt is not None:
-            raise ConfigError(f"{k} is not a control of the checkpoint's op={fixed['op']!r}; drop it")
-        if k in fixed and means(fixed, k, getattr(args, k)) != means(fixed, k, fixed[k]):
-            meant = means(fixed, k, fixed[k])  # laplacian_heads=None: half the heads
-            also = f", which means {meant!r} on its {fixed['n_head']} heads" if meant != fixed[k] else ""
-            whose = "checkpoint" if ckpt else "pretrained model"
-            raise ConfigError(f"{k}={getattr(args, k)!r} differs from the {whose}'s {fixed[k]!r}{also}; "
-                              "its model is fixed, drop that setting")
     cfg = SimpleNamespace(**{**vars(args), **kept})
     # settings that only make sense together, with the number of DDP processes too
     world_size = ddp_env()[2]
@@ -121,10 +123,10 @@ def check_gpt2_tokens(init_from, dataset, meta):
 def check_same_data(ckpt, meta, dataset):
     """A resumed run reads data of the tokenizer and vocabulary it was trained with."""
     if any(ckpt["meta"].get(k) != meta.get(k) for k in ("tokenizer", "vocab_size", "chars")):
-        trained_on = ckpt["config"].get("dataset")
+        trained_on = ckpt["config"]["dataset"]
         fix = f"use --dataset={trained_on}"
         # the same name, prepared again since (with another vocabulary)
-        if trained_on in (None, dataset):
+        if trained_on == dataset:
             fix = ("prepare it again as it was when the run began, or start a new run in another "
                    "--out_dir")
         raise ConfigError(f"dataset {dataset!r} is not the one the checkpoint was trained on (another "

@@ -654,13 +654,16 @@ def test_bad_checkpoints(workdir, content, words):
     assert words in train_error("--init_from=resume", "--out_dir=out/bad", "--max_iters=4")
     assert not os.path.exists("pwned")
 
-def test_a_good_checkpoint_loads_and_a_directory_is_none(workdir):
+def test_a_good_checkpoint_loads_and_a_directory_is_refused(workdir):
     torch.save(GOOD, "ckpt.pt")
     assert rundir.load_checkpoint("ckpt.pt").keys() == GOOD.keys()
     os.makedirs("run/ckpt.pt")
     with pytest.raises(ConfigError) as e:
         rundir.load_checkpoint("run/ckpt.pt")
-    assert str(e.value) == ("no checkpoint at run/ckpt.pt; train a run there first (--init_from=scratch) "
+    assert str(e.value).startswith("run/ckpt.pt is a folder, not a regular file")
+    with pytest.raises(ConfigError) as e:
+        rundir.load_checkpoint("run/none.pt")
+    assert str(e.value) == ("no checkpoint at run/none.pt; train a run there first (--init_from=scratch) "
                             "or point --out_dir at an existing run")
 
 

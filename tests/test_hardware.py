@@ -147,3 +147,14 @@ def test_bfloat16_on_a_cpu_runs_under_autocast_in_bfloat16(workdir, monkeypatch,
     run_argv(QUICK + ["--val_tokens=64", "--out_dir=out/fp32"])
     assert "device cpu, dtype float32," in capsys.readouterr().out
     assert seen and set(seen) == {torch.float32}
+
+
+def test_a_gpu_index_must_be_one_this_machine_has(monkeypatch):
+    """--device=cuda:N names one of the machine's GPUs: cuda:N past the last is one line."""
+    from support.hardware import pick_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert pick_device("cuda:1") == ("cuda:1", "cuda") and pick_device("cuda") == ("cuda", "cuda")
+    with pytest.raises(ConfigError, match=r"^device='cuda:2' but this machine has 2 GPU\(s\): choose one"):
+        pick_device("cuda:2")
+    assert pick_device("cpu") == ("cpu", "cpu")
